@@ -1,0 +1,17 @@
+"""DP core: mechanisms (frozen records + samplers), accountant, ledger, durable store."""
+
+from fedmem.dp.accountant import Accountant, Booking
+from fedmem.dp.ledger import AttributeLedger
+from fedmem.dp.mechanisms import (
+    ExponentialMechanism,
+    GaussianMechanism,
+    LaplaceMechanism,
+    MetricLaplace,
+    PureDpEvent,
+)
+from fedmem.dp.store import DurableStore
+
+__all__ = [
+    "Accountant", "Booking", "AttributeLedger", "DurableStore", "ExponentialMechanism",
+    "GaussianMechanism", "LaplaceMechanism", "MetricLaplace", "PureDpEvent",
+]

@@ -1,0 +1,78 @@
+"""Durable state for ledgers and accountants: one SQLite file, WAL, one transaction per booking.
+
+Every booking runs inside ``BEGIN IMMEDIATE`` (a write lock taken *before* the budget
+check), re-reads the rows it depends on, checks, inserts and commits. Two processes
+booking against the same file are therefore serialised by SQLite: neither can lose the
+other's update nor overshoot a cap. ``synchronous=FULL`` makes a commit durable before
+``book`` returns, so a process killed with SIGKILL after ``book`` returned keeps the
+charge, and one killed before the commit leaves no partial row (SQLite's atomic commit).
+
+``path=None`` keeps everything in an in-memory database (tests, throwaway runs).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger_caps (
+    ledger TEXT NOT NULL, attr TEXT NOT NULL, cap REAL NOT NULL,
+    PRIMARY KEY (ledger, attr));
+CREATE TABLE IF NOT EXISTS ledger_charges (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ledger TEXT NOT NULL, attrs TEXT NOT NULL,
+    epsilon REAL NOT NULL, label TEXT NOT NULL, ts REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS accountant_meta (
+    accountant TEXT PRIMARY KEY, kind TEXT NOT NULL, budget_epsilon REAL, budget_delta REAL);
+CREATE TABLE IF NOT EXISTS accountant_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, accountant TEXT NOT NULL, event TEXT NOT NULL,
+    label TEXT NOT NULL, ts REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS ix_ledger_charges ON ledger_charges (ledger, id);
+CREATE INDEX IF NOT EXISTS ix_accountant_events ON accountant_events (accountant, id);
+"""
+
+
+class DurableStore:
+    """A SQLite database holding ledgers and accountants (many of each, by name)."""
+
+    def __init__(self, path: str | Path | None = None, *, timeout_s: float = 60.0):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive. Found {timeout_s!r}.")
+        self.path = None if path is None else Path(path)
+        target = ":memory:" if path is None else str(path)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(target, timeout=timeout_s, isolation_level=None,
+                                     check_same_thread=False)
+        self._lock = threading.RLock()
+        with self._lock:
+            if self.path is not None:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.executescript(_SCHEMA)
+
+    @contextmanager
+    def transaction(self):
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            else:
+                self._conn.execute("COMMIT")
+
+    def read(self, sql: str, params=()):
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __repr__(self) -> str:
+        return f"DurableStore({str(self.path) if self.path else ':memory:'})"

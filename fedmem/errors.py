@@ -1,0 +1,40 @@
+"""Named exceptions for fedmem's domain failures.
+
+Bad parameters raise the built-in ``ValueError``/``TypeError``; these classes are for
+failures of the privacy machinery itself, which callers must be able to tell apart from
+"nothing found".
+"""
+
+from __future__ import annotations
+
+
+class FedmemError(Exception):
+    """Base class of fedmem's domain errors."""
+
+
+class BudgetExceeded(FedmemError):
+    """A booking would push a ledger or accountant past its cap; nothing was booked."""
+
+
+class SupportPrivacyViolation(FedmemError):
+    """The gateway refused a federated response: "no memory available for this query".
+
+    This is never an empty result. ``reasons`` lists every check that failed; ``booked``
+    lists what was charged for channels that had already been emitted.
+    """
+
+    def __init__(self, message: str, *, reasons: tuple[str, ...] = (), booked: tuple = ()):
+        super().__init__(message)
+        self.reasons = tuple(reasons)
+        self.booked = tuple(booked)
+
+
+class ScenarioError(FedmemError):
+    """A scenario file is invalid. ``problems`` holds every (location, message) found."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = list(problems)
+        lines = [f"{loc}: {msg}" for loc, msg in self.problems]
+        n = len(lines)
+        head = f"{n} problem{'s' if n != 1 else ''} in scenario:"
+        super().__init__("\n".join([head, *("  - " + s for s in lines)]))

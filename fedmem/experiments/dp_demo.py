@@ -1,0 +1,102 @@
+"""``dp.demo``: a short tour of the DP core that a new user can read in one screen.
+
+Releases the mean of a private synthetic dataset several times with the Gaussian
+mechanism (calibrated by the analytic Gaussian), books every release in a durable
+accountant before it is emitted until the budget refuses, runs a few exponential-
+mechanism selections against a per-attribute ledger, and compares the empirical error
+with the calibrated sigma.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedmem.dp import Accountant, AttributeLedger, DurableStore, ExponentialMechanism, GaussianMechanism
+from fedmem.errors import BudgetExceeded
+from fedmem.report import Result, Table
+from fedmem.scenario import Experiment, Param, open_unit, positive
+
+SCHEMA = {
+    "data": {
+        "records": Param(int, 1000, "number of private records", check=positive),
+        "dim": Param(int, 8, "dimension of each record's value vector", check=positive),
+        "clip": Param(float, 1.0, "L2 clip norm of each record", check=positive),
+    },
+    "release": {
+        "epsilon": Param(float, 0.5, "epsilon of one Gaussian mean release", check=positive),
+        "delta": Param(float, 1e-6, "delta of one release and of the budget", check=open_unit),
+        "budget_epsilon": Param(float, 2.0, "accountant budget (epsilon at delta)", check=positive),
+        "attempts": Param(int, 10, "releases attempted (the budget stops some)", check=positive),
+        "sampling": Param(str, "fast", "noise sampler", choices=("fast", "secure")),
+        "accountant": Param(str, "rdp", "composition backend", choices=("rdp", "pld")),
+    },
+    "selection": {
+        "cap": Param(float, 1.0, "per-attribute cap B_a of the ledger", check=positive),
+        "epsilon": Param(float, 0.3, "epsilon of one exponential-mechanism selection", check=positive),
+        "turns": Param(int, 6, "selections attempted", check=positive),
+    },
+}
+
+
+def run(cfg, ctx) -> Result:
+    rng = ctx.rng("data")
+    d = cfg.data
+    x = rng.normal(size=(d.records, d.dim))
+    x *= np.minimum(1.0, d.clip / np.linalg.norm(x, axis=1, keepdims=True))
+    exact = x.mean(axis=0)
+    # Replacing one record moves the mean by at most 2*clip/n in L2.
+    mech = GaussianMechanism.calibrate(cfg.release.epsilon, cfg.release.delta, 2 * d.clip / d.records)
+    store = DurableStore(ctx.out_dir / "ledger.sqlite")
+    acc = Accountant(cfg.release.accountant, store=store, name="demo",
+                     budget=(cfg.release.budget_epsilon, cfg.release.delta))
+    noise_rng = ctx.rng("noise")
+    rows, errors, refused = [], [], 0
+    for i in ctx.progress(range(cfg.release.attempts), description="mean releases"):
+        try:
+            acc.book(mech.event(), label=f"mean release {i}")
+        except BudgetExceeded:
+            refused += 1
+            rows.append([i, "refused by budget", "-", acc.spent(cfg.release.delta)])
+            continue
+        released = mech.release(exact, noise_rng, sampling=cfg.release.sampling)
+        err = float(np.sqrt(np.mean((released - exact) ** 2)))
+        errors.append(err)
+        rows.append([i, "released", err, acc.spent(cfg.release.delta)])
+
+    ledger = AttributeLedger({"diabetes": cfg.selection.cap, "debt": cfg.selection.cap}, store=store, name="demo")
+    em = ExponentialMechanism(cfg.selection.epsilon, sensitivity=0.6)
+    sel_rng = ctx.rng("selection")
+    sel_rows = []
+    for t in range(cfg.selection.turns):
+        attrs = ["diabetes"] if t % 2 == 0 else ["diabetes", "debt"]
+        if ledger.try_charge(attrs, em.epsilon, label=f"turn {t}"):
+            choice = em.select(sel_rng.random(4), sel_rng)
+            sel_rows.append([t, "+".join(attrs), f"view {choice}", ledger.spent("diabetes"), ledger.spent("debt")])
+        else:
+            sel_rows.append([t, "+".join(attrs), "generic (cap reached)", ledger.spent("diabetes"),
+                             ledger.spent("debt")])
+
+    rmse = float(np.mean(errors)) if errors else float("nan")
+    metrics = {
+        "sigma": mech.sigma, "released": len(errors), "refused": refused,
+        "epsilon_spent": acc.spent(cfg.release.delta), "mean_rmse": rmse,
+        "ledger_spent": ledger.spent(),
+    }
+    return Result(
+        metrics=metrics,
+        tables=[
+            Table("Gaussian mean releases (booked before release)",
+                  ["attempt", "outcome", "RMSE vs exact", "epsilon spent"], rows,
+                  note=f"sigma={mech.sigma:.4g} per coordinate (expected RMSE = sigma); "
+                       f"budget {cfg.release.budget_epsilon} at delta={cfg.release.delta}"),
+            Table("Exponential-mechanism selections against per-attribute caps",
+                  ["turn", "charged attributes", "released", "L_diabetes", "L_debt"], sel_rows,
+                  note=f"cap B_a={cfg.selection.cap}, epsilon per selection {cfg.selection.epsilon}"),
+        ],
+    )
+
+
+EXPERIMENTS = {
+    "dp.demo": Experiment("dp.demo", "Tour of the DP core: calibrated releases, budgeted accountant, ledger.",
+                          SCHEMA, run),
+}

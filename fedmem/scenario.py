@@ -1,0 +1,337 @@
+"""Scenario files: schema, loading, validation, overrides.
+
+A scenario is one TOML file under ``scenarios/``. Its top-level ``kind`` names a
+registered experiment (``"<family>.<name>"``, e.g. ``"federation.support_leak"``); every
+experiment declares a schema of nested sections of :class:`Param`. Loading reports
+**every** problem at once (unknown keys, missing keys, wrong types, impossible values,
+cross-field conflicts) as a :class:`~fedmem.errors.ScenarioError` with file and key.
+
+Every scenario also has the common keys ``kind``, ``name``, ``description`` and
+``seed`` (the seed of every RNG in the run, so a run is reproducible).
+
+``--set section.key=value`` overrides take TOML literals (``3``, ``1e-6``, ``"x"``,
+``true``, ``[1, 2]``); a bare word that is not a TOML literal is taken as a string.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from fedmem.errors import ScenarioError
+
+_REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Param:
+    """One scenario key: type, default (omit for required), help, and checks.
+
+    ``check(value)`` returns an error message or ``None``. ``choices`` restricts the
+    value to a set. ``float`` keys accept integers. ``type=list`` keys may give
+    ``item_type`` for their elements.
+    """
+
+    type: type | tuple[type, ...] = float
+    default: Any = _REQUIRED
+    help: str = ""
+    choices: tuple | None = None
+    check: Callable[[Any], str | None] | None = None
+    item_type: type | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+# ---------------------------------------------------------------- reusable checks
+def positive(v) -> str | None:
+    return None if v > 0 else f"must be positive, found {v!r}"
+
+
+def nonnegative(v) -> str | None:
+    return None if v >= 0 else f"must be non-negative, found {v!r}"
+
+
+def open_unit(v) -> str | None:
+    return None if 0 < v < 1 else f"must be in the open interval (0, 1), found {v!r}"
+
+
+def at_least(n) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= n else f"must be >= {n}, found {v!r}"
+
+
+def each(check) -> Callable[[Any], str | None]:
+    def run(values):
+        for i, v in enumerate(values):
+            msg = check(v)
+            if msg:
+                return f"item {i}: {msg}"
+        return None
+
+    return run
+
+
+def nonempty(v) -> str | None:
+    return None if len(v) > 0 else "must not be empty"
+
+
+Schema = Mapping[str, "Param | Schema"]
+
+COMMON_SCHEMA: dict[str, Param] = {
+    "kind": Param(str, help="registered experiment, e.g. 'federation.support_leak' (see `fedmem list`)"),
+    "name": Param(str, "", help="short name used for the run folder (default: file stem)"),
+    "description": Param(str, "", help="one line shown by `fedmem list`"),
+    "seed": Param(int, 0, help="seed of every RNG in the run", check=nonnegative),
+}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A registered experiment kind: schema + run function (+ cross-field checks)."""
+
+    kind: str
+    description: str
+    schema: Schema
+    run: Callable[["Config", Any], Any]
+    cross_checks: Callable[["Config"], list[tuple[str, str]]] | None = None
+
+
+class Config(Mapping):
+    """Read-only nested config with attribute access: ``cfg.federation.shards``."""
+
+    def __init__(self, data: Mapping[str, Any]):
+        self._data = {k: Config(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __getattr__(self, key):
+        try:
+            return self._data[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+    def to_dict(self) -> dict:
+        return {k: v.to_dict() if isinstance(v, Config) else v for k, v in self._data.items()}
+
+    def __repr__(self) -> str:
+        return f"Config({self.to_dict()!r})"
+
+
+@dataclass
+class Scenario:
+    path: Path
+    experiment: Experiment
+    config: Config
+    overrides: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.config["name"] or self.path.stem
+
+
+# ---------------------------------------------------------------- validation
+def _type_ok(value, p: Param) -> bool:
+    types = p.type if isinstance(p.type, tuple) else (p.type,)
+    for t in types:
+        if t is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return True
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if t not in (float, int) and isinstance(value, t):
+            return True
+    return False
+
+
+def _type_name(p: Param) -> str:
+    types = p.type if isinstance(p.type, tuple) else (p.type,)
+    names = {float: "number", int: "integer", str: "string", bool: "boolean", list: "list", dict: "table"}
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _article(noun: str) -> str:
+    return ("an " if noun[:1] in "aeiou" else "a ") + noun
+
+
+def _validate(data: Mapping, schema: Schema, prefix: str, problems: list, out: dict) -> None:
+    for key in data:
+        if key not in schema:
+            known = ", ".join(sorted(schema)) or "(none)"
+            problems.append((prefix + key, f"unknown key (known here: {known})"))
+    for key, spec in schema.items():
+        loc = prefix + key
+        if isinstance(spec, Mapping):
+            sub = data.get(key, {})
+            if not isinstance(sub, Mapping):
+                problems.append((loc, f"must be a table [{loc}], found {type(sub).__name__}"))
+                continue
+            out[key] = {}
+            _validate(sub, spec, loc + ".", problems, out[key])
+            continue
+        if key not in data:
+            if spec.required:
+                problems.append((loc, f"missing required key ({spec.help or _type_name(spec)})"))
+            else:
+                out[key] = spec.default
+            continue
+        value = data[key]
+        if not _type_ok(value, spec):
+            problems.append((loc, f"must be {_article(_type_name(spec))}, found {value!r} ({type(value).__name__})"))
+            continue
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+            problems.append((loc, f"must be finite, found {value!r}"))
+            continue
+        if spec.item_type is not None and isinstance(value, list):
+            bad = [v for v in value if not _type_ok(v, Param(spec.item_type))]
+            if bad:
+                problems.append((loc, f"items must be {_type_name(Param(spec.item_type))}, found {bad[0]!r}"))
+                continue
+        if spec.choices is not None and value not in spec.choices:
+            problems.append((loc, f"must be one of {list(spec.choices)}, found {value!r}"))
+            continue
+        if spec.check is not None:
+            msg = spec.check(value)
+            if msg:
+                problems.append((loc, msg))
+                continue
+        if spec.type is float and isinstance(value, int):
+            value = float(value)
+        out[key] = value
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ValueError("expected key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ValueError("expected key=value with a dotted key such as federation.shards")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str], problems: list) -> dict:
+    for text in overrides:
+        try:
+            path, value = _parse_override(text)
+        except ValueError as exc:
+            problems.append((f"--set {text}", str(exc)))
+            continue
+        node = data
+        for part in path[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                problems.append((f"--set {text}", f"{part!r} is not a table"))
+                break
+            node = nxt
+        else:
+            node[path[-1]] = value
+    return data
+
+
+def full_schema(experiment: Experiment) -> dict:
+    schema = dict(COMMON_SCHEMA)
+    for k, v in experiment.schema.items():
+        if k in schema:
+            raise RuntimeError(f"experiment {experiment.kind!r} redefines common key {k!r}")
+        schema[k] = v
+    return schema
+
+
+def read_toml(path: Path) -> dict:
+    """Parse a TOML file; a syntax error becomes a ScenarioError naming the file."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ScenarioError([(str(path), "no such file")]) from None
+    except IsADirectoryError:
+        raise ScenarioError([(str(path), "is a directory, expected a .toml file")]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError([(str(path), f"not valid TOML: {exc}")]) from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError([(str(path), f"not UTF-8 text: {exc}")]) from None
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read, override, validate. Raises ScenarioError listing every problem."""
+    from fedmem.registry import get_experiment, known_kinds
+
+    path = Path(path)
+    overrides = list(overrides or [])
+    data = read_toml(path)
+    problems: list[tuple[str, str]] = []
+    apply_overrides(data, overrides, problems)
+    kind = data.get("kind")
+    if not isinstance(kind, str):
+        problems.append(("kind", f"missing or not a string (one of: {', '.join(known_kinds())})"))
+        raise ScenarioError([(f"{path}: {loc}", msg) for loc, msg in problems])
+    try:
+        experiment = get_experiment(kind)
+    except KeyError:
+        problems.append(("kind", f"unknown experiment {kind!r} (one of: {', '.join(known_kinds())})"))
+        raise ScenarioError([(f"{path}: {loc}", msg) for loc, msg in problems]) from None
+    out: dict = {}
+    _validate(data, full_schema(experiment), "", problems, out)
+    if not problems and experiment.cross_checks is not None:
+        problems.extend(experiment.cross_checks(Config(out)))
+    if problems:
+        raise ScenarioError([(loc if loc.startswith("--set") else f"{path}: {loc}", msg) for loc, msg in problems])
+    return Scenario(path=path, experiment=experiment, config=Config(out), overrides=overrides)
+
+
+def describe_schema(schema: Schema, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """Rows (key, type, default, help) for documentation and `fedmem show`."""
+    rows = []
+    for key, spec in schema.items():
+        if isinstance(spec, Mapping):
+            rows += describe_schema(spec, prefix + key + ".")
+        else:
+            default = "(required)" if spec.required else repr(spec.default)
+            extra = f" One of {list(spec.choices)}." if spec.choices else ""
+            rows.append((prefix + key, _type_name(spec), default, spec.help + extra))
+    return rows
+
+
+def dump_toml(data: Mapping, prefix: str = "") -> str:
+    """Minimal TOML writer for resolved scenarios (scalars, lists, nested tables)."""
+
+    def lit(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(lit(x) for x in v) + "]"
+        if v is None:
+            return '""'
+        raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+    lines, tables = [], []
+    for k, v in data.items():
+        if isinstance(v, Mapping):
+            tables.append((k, v))
+        else:
+            lines.append(f"{k} = {lit(v)}")
+    for k, v in tables:
+        name = prefix + k
+        lines.append("")
+        lines.append(f"[{name}]")
+        lines.append(dump_toml(v, name + ".").rstrip("\n"))
+    return "\n".join(line for line in lines) + "\n"
