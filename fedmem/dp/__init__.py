@@ -3,6 +3,7 @@
 from fedmem.dp.accountant import Accountant, Booking
 from fedmem.dp.ledger import AttributeLedger
 from fedmem.dp.mechanisms import (
+    ApproxDpEvent,
     ExponentialMechanism,
     GaussianMechanism,
     LaplaceMechanism,
@@ -12,6 +13,6 @@ from fedmem.dp.mechanisms import (
 from fedmem.dp.store import DurableStore
 
 __all__ = [
-    "Accountant", "Booking", "AttributeLedger", "DurableStore", "ExponentialMechanism",
+    "Accountant", "ApproxDpEvent", "Booking", "AttributeLedger", "DurableStore", "ExponentialMechanism",
     "GaussianMechanism", "LaplaceMechanism", "MetricLaplace", "PureDpEvent",
 ]

@@ -7,9 +7,10 @@ serialises it. Composition is done by ``dp_accounting.rdp.RdpAccountant`` (``kin
 or ``dp_accounting.pld.PLDAccountant`` (``kind="pld"``), never by hand.
 
 Pure-DP events (:class:`~fedmem.dp.mechanisms.PureDpEvent`, e.g. exponential-mechanism
-selections; dp-accounting has no event for them) are summed exactly and added to the
-dp-accounting epsilon by basic composition: if the rest is (e1, delta)-DP and the pure
-part e2-DP, the whole is (e1 + e2, delta)-DP.
+selections; dp-accounting has no event for them) and directly certified (epsilon, delta)
+events (:class:`~fedmem.dp.mechanisms.ApproxDpEvent`, e.g. BRACE) are summed exactly and
+added by basic composition: if the rest is (e1, delta - d2)-DP and these parts are
+(e2, d2)-DP, the whole is (e1 + e2, delta)-DP.
 
 Every booking is one SQLite transaction in a :class:`~fedmem.dp.store.DurableStore`;
 with a ``budget`` the prospective total is checked inside the same transaction, so a
@@ -31,7 +32,7 @@ import dp_accounting
 from dp_accounting import pld, rdp
 
 from fedmem import _validate as V
-from fedmem.dp.mechanisms import PureDpEvent
+from fedmem.dp.mechanisms import ApproxDpEvent, PureDpEvent
 from fedmem.dp.store import DurableStore
 from fedmem.errors import BudgetExceeded
 
@@ -44,6 +45,8 @@ def event_to_dict(event) -> dict:
     """Serialise the event types fedmem books. Unknown types raise ``TypeError``."""
     if isinstance(event, PureDpEvent):
         return {"type": "pure", "epsilon": event.epsilon, "mechanism": event.mechanism}
+    if isinstance(event, ApproxDpEvent):
+        return {"type": "approx", "epsilon": event.epsilon, "delta": event.delta, "mechanism": event.mechanism}
     if isinstance(event, dp_accounting.GaussianDpEvent):
         return {"type": "gaussian", "noise_multiplier": float(event.noise_multiplier)}
     if isinstance(event, dp_accounting.LaplaceDpEvent):
@@ -62,6 +65,8 @@ def event_from_dict(d: dict):
     t = d.get("type")
     if t == "pure":
         return PureDpEvent(epsilon=d["epsilon"], mechanism=d.get("mechanism", "pure"))
+    if t == "approx":
+        return ApproxDpEvent(epsilon=d["epsilon"], delta=d["delta"], mechanism=d.get("mechanism", "approx"))
     if t == "gaussian":
         return dp_accounting.GaussianDpEvent(d["noise_multiplier"])
     if t == "laplace":
@@ -70,25 +75,41 @@ def event_from_dict(d: dict):
         return dp_accounting.SelfComposedDpEvent(event_from_dict(d["event"]), d["count"])
     if t == "composed":
         return dp_accounting.ComposedDpEvent([event_from_dict(e) for e in d["events"]])
-    raise ValueError(f"event type must be one of pure/gaussian/laplace/self_composed/composed. Found {t!r}.")
+    raise ValueError(f"event type must be one of pure/approx/gaussian/laplace/self_composed/composed. Found {t!r}.")
 
 
-def _split_pure(event) -> tuple[list, Fraction]:
-    """Separate pure-DP parts (summed exactly) from dp-accounting parts."""
+@dataclass(frozen=True)
+class _Basic:
+    """Exact sums of the parts composed by basic composition."""
+
+    epsilon: Fraction = Fraction(0)
+    delta: Fraction = Fraction(0)
+
+    def __add__(self, other: "_Basic") -> "_Basic":
+        return _Basic(self.epsilon + other.epsilon, self.delta + other.delta)
+
+    def times(self, n: int) -> "_Basic":
+        return _Basic(self.epsilon * n, self.delta * n)
+
+
+def _split_pure(event) -> tuple[list, _Basic]:
+    """Separate pure / approximate-DP parts (summed exactly) from dp-accounting parts."""
     if isinstance(event, PureDpEvent):
-        return [], Fraction(event.epsilon)
+        return [], _Basic(Fraction(event.epsilon))
+    if isinstance(event, ApproxDpEvent):
+        return [], _Basic(Fraction(event.epsilon), Fraction(event.delta))
     if isinstance(event, dp_accounting.SelfComposedDpEvent):
-        inner, pure = _split_pure(event.event)
+        inner, basic = _split_pure(event.event)
         rest = [dp_accounting.SelfComposedDpEvent(e, event.count) for e in inner]
-        return rest, pure * event.count
+        return rest, basic.times(event.count)
     if isinstance(event, dp_accounting.ComposedDpEvent):
-        rest, pure = [], Fraction(0)
+        rest, basic = [], _Basic()
         for e in event.events:
-            r, p = _split_pure(e)
+            r, b = _split_pure(e)
             rest += r
-            pure += p
-        return rest, pure
-    return [event], Fraction(0)
+            basic = basic + b
+        return rest, basic
+    return [event], _Basic()
 
 
 @dataclass(frozen=True)
@@ -132,7 +153,7 @@ class Accountant:
                            (name, kind, None if budget is None else budget[0],
                             None if budget is None else budget[1]))
         self._acc = self._new_backend()
-        self._pure = Fraction(0)
+        self._pure = _Basic()
         self._last_id = 0
         self._count = 0
         with self.store.transaction() as db:
@@ -143,7 +164,7 @@ class Accountant:
             return rdp.RdpAccountant()
         return pld.PLDAccountant(value_discretization_interval=self._pld_discretization)
 
-    def _compose(self, acc, event) -> Fraction:
+    def _compose(self, acc, event) -> _Basic:
         rest, pure = _split_pure(event)
         for e in rest:
             acc.compose(e)
@@ -159,9 +180,16 @@ class Accountant:
             self._last_id = rid
             self._count += 1
 
-    def _epsilon(self, acc, pure: Fraction, delta: float) -> float:
-        base = acc.get_epsilon(delta) if self._has_events(acc) else 0.0
-        return float(base) + float(pure)
+    def _epsilon(self, acc, basic: _Basic, delta: float) -> float:
+        """dp-accounting epsilon at (delta - booked approx deltas), plus the basic parts.
+
+        Infinite when the approximate-DP deltas already use up ``delta``.
+        """
+        rest_delta = Fraction(delta) - basic.delta
+        if rest_delta <= 0:
+            return float("inf")
+        base = acc.get_epsilon(float(rest_delta)) if self._has_events(acc) else 0.0
+        return float(base) + float(basic.epsilon)
 
     @staticmethod
     def _has_events(acc) -> bool:

@@ -52,6 +52,25 @@ class PureDpEvent:
 
 
 @dataclass(frozen=True)
+class ApproxDpEvent:
+    """An (epsilon, delta)-DP release whose guarantee is not a standard dp-accounting event.
+
+    Used for mechanisms certified directly in (epsilon, delta), e.g. BRACE's
+    smooth-sensitivity Gaussian release. The accountant composes these by basic
+    composition: epsilons add, deltas add (and are subtracted from the delta at which
+    the rest is evaluated).
+    """
+
+    epsilon: float
+    delta: float
+    mechanism: str = "approx"
+
+    def __post_init__(self):
+        V.positive("epsilon", self.epsilon)
+        V.open_unit("delta", self.delta)
+
+
+@dataclass(frozen=True)
 class GaussianMechanism:
     """Gaussian vector release ``x + N(0, sigma^2 I)`` for L2 sensitivity ``l2_sensitivity``.
 
