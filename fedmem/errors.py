@@ -38,3 +38,31 @@ class ScenarioError(FedmemError):
         n = len(lines)
         head = f"{n} problem{'s' if n != 1 else ''} in scenario:"
         super().__init__("\n".join([head, *("  - " + s for s in lines)]))
+
+
+class MpcFailure(FedmemError):
+    """The secure computation did not complete (a compute party died, timed out or raised).
+
+    No output of the failed batch reached the caller (the parties may have opened some of
+    it among themselves before failing); callers must fail closed (release nothing).
+    """
+
+
+class ContractViolation(FedmemError):
+    """A DP-MemView configuration or operation breaks the interface contract (C1-C6).
+
+    Raised instead of running an interface whose transcript would not be B_a-DP; an
+    ablation that reproduces such a failure must name it with ``unsafe_ablation=``.
+    """
+
+
+class FederationFault(FedmemError):
+    """A shard host or compute party died or timed out mid-query.
+
+    The query failed closed: nothing was released for it, and nothing was booked unless a
+    channel had already been emitted (``booked`` lists those bookings).
+    """
+
+    def __init__(self, message: str, *, booked: tuple = ()):
+        super().__init__(message)
+        self.booked = tuple(booked)

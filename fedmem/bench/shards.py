@@ -1,0 +1,217 @@
+"""Synthetic clustered memory shards for federated retrieval (numpy only).
+
+papers/003 observed that *which* and *how many* of 40 shards contribute to a retrieval
+varied from 3 to 40 with the query. :func:`make_clustered_shards` reproduces that shape
+of data: keys are unit vectors drawn around ``clusters`` topic centres; each topic has a
+*prevalence* (the fraction of shards that hold records on it) spread log-uniformly from
+about 3/40 up to 1, and each shard draws its topics independently by prevalence (at
+least one topic per shard). A query near a rare topic therefore reaches a few shards and
+a query near a common topic reaches nearly all of them. Values are per-topic directions
+plus noise, clipped to L2 norm ``clip``, so a released mean is meaningful (it points
+toward the queried topic's value direction) and utility can be measured.
+
+A record is ``(key, value)`` plus, optionally, a short text. Neighbouring datasets for
+membership attacks are built with :func:`with_record` / :func:`without_record`
+(add/remove-one-record adjacency, the adjacency fedmem's aggregator is calibrated for).
+Nothing here imports torch: shard hosts use these arrays directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedmem import _validate as V
+
+QUERY_KINDS = ("cluster", "record", "uniform")
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.where(n > 0, n, 1.0)
+
+
+def _clip(x: np.ndarray, clip: float) -> np.ndarray:
+    n = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x * np.minimum(1.0, clip / np.where(n > 0, n, 1.0))
+
+
+@dataclass(frozen=True)
+class ShardData:
+    """Per-shard records. ``keys[i]`` (n_i, key_dim) unit-norm; ``values[i]`` (n_i, value_dim) with norm <= clip.
+
+    ``centers`` (clusters, key_dim) are the topic centres (public to the experimenter,
+    not to the adversary); ``topics[i]`` the topic of each record of shard ``i`` (for
+    evaluation); ``texts`` optional per-record strings. Shard sizes ``n_i`` are treated
+    as public metadata (they fix the padded message sizes anyway).
+    """
+
+    keys: list
+    values: list
+    centers: np.ndarray
+    texts: list | None = None
+    clip: float = 1.0
+    topics: list | None = None
+    value_centers: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self):
+        V.positive("clip", self.clip)
+        if not isinstance(self.keys, list) or not isinstance(self.values, list):
+            raise TypeError(f"keys and values must be lists of per-shard arrays. Found {type(self.keys).__name__}, "
+                            f"{type(self.values).__name__}.")
+        if len(self.keys) == 0 or len(self.keys) != len(self.values):
+            raise ValueError(f"keys and values must list the same, non-zero number of shards. Found "
+                             f"{len(self.keys)} and {len(self.values)}.")
+        kd, vd = self.keys[0].shape[1], self.values[0].shape[1]
+        for i, (k, v) in enumerate(zip(self.keys, self.values)):
+            if k.ndim != 2 or v.ndim != 2 or k.shape[0] != v.shape[0] or k.shape[1] != kd or v.shape[1] != vd:
+                raise ValueError(f"shard {i} must hold keys (n, {kd}) and values (n, {vd}). Found {k.shape}, {v.shape}.")
+        if self.texts is not None and [len(t) for t in self.texts] != self.sizes.tolist():
+            raise ValueError("texts must hold one string per record of every shard.")
+
+    @property
+    def n_shards(self) -> int:
+        return len(self.keys)
+
+    @property
+    def key_dim(self) -> int:
+        return int(self.keys[0].shape[1])
+
+    @property
+    def value_dim(self) -> int:
+        return int(self.values[0].shape[1])
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.array([k.shape[0] for k in self.keys], dtype=np.int64)
+
+
+def make_clustered_shards(shards: int, records_per_shard: int, key_dim: int, value_dim: int, clip: float,
+                          rng: np.random.Generator, *, clusters: int = 12, spread: float = 0.35,
+                          min_prevalence: float | None = None, texts: bool = False,
+                          dtype=np.float64) -> ShardData:
+    """Clustered shards: rare topics live on few shards, common topics on almost all.
+
+    Topic ``c`` has prevalence ``p_c`` log-spaced from ``min_prevalence`` (default
+    ``min(1, 3 / shards)``, papers/003's "3 of 40") to 1; shard ``i`` holds topic ``c``
+    with probability ``p_c``. Keys: ``unit(center_c + spread * g / sqrt(key_dim))``;
+    values: ``clip(0.8 * clip * u_c + 0.3 * clip * g / sqrt(value_dim))``.
+    ``dtype=np.float32`` halves memory for very large federations.
+    """
+    S = V.positive_int("shards", shards)
+    n = V.positive_int("records_per_shard", records_per_shard)
+    kd = V.positive_int("key_dim", key_dim)
+    vd = V.positive_int("value_dim", value_dim)
+    clip = V.positive("clip", clip)
+    V.rng_check("rng", rng)
+    C = V.positive_int("clusters", clusters)
+    spread = V.positive("spread", spread)
+    lo = min(1.0, 3.0 / S) if min_prevalence is None else V.positive("min_prevalence", min_prevalence)
+    if lo > 1.0:
+        raise ValueError(f"min_prevalence must be <= 1. Found {min_prevalence!r}.")
+    if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype must be float32 or float64. Found {dtype!r}.")
+
+    centers = _unit(rng.standard_normal((C, kd)))
+    value_centers = _unit(rng.standard_normal((C, vd)))
+    prevalence = np.geomspace(lo, 1.0, C) if C > 1 else np.ones(1)
+    holds = rng.random((S, C)) < prevalence  # (S, C) which topics each shard holds
+    empty = ~holds.any(axis=1)
+    holds[np.flatnonzero(empty), rng.integers(0, C, size=int(empty.sum()))] = True
+
+    keys, values, topics, txt = [], [], [], [] if texts else None
+    for i in range(S):
+        mine = np.flatnonzero(holds[i])
+        t = mine[rng.integers(0, len(mine), size=n)]
+        k = _unit(centers[t] + spread * rng.standard_normal((n, kd)) / np.sqrt(kd))
+        v = _clip(0.8 * clip * value_centers[t] + 0.3 * clip * rng.standard_normal((n, vd)) / np.sqrt(vd), clip)
+        keys.append(k.astype(dtype))
+        values.append(_clip(v.astype(dtype), clip).astype(dtype))
+        topics.append(t.astype(np.int64))
+        if texts:
+            txt.append([f"shard {i} record {j}: note on topic {int(t[j])}" for j in range(n)])
+    return ShardData(keys=keys, values=values, centers=centers, texts=txt, clip=clip, topics=topics,
+                     value_centers=value_centers)
+
+
+def _replace_shard(data: ShardData, shard: int, keys, values, topics, texts) -> ShardData:
+    ks, vs = list(data.keys), list(data.values)
+    ks[shard], vs[shard] = keys, values
+    tp = None
+    if data.topics is not None:
+        tp = list(data.topics)
+        tp[shard] = topics
+    tx = None
+    if data.texts is not None:
+        tx = list(data.texts)
+        tx[shard] = texts
+    return ShardData(keys=ks, values=vs, centers=data.centers, texts=tx, clip=data.clip, topics=tp,
+                     value_centers=data.value_centers)
+
+
+def _check_shard(data: ShardData, shard) -> int:
+    s = V.positive_int("shard", shard, minimum=0)
+    if s >= data.n_shards:
+        raise ValueError(f"shard must be < {data.n_shards}. Found {shard!r}.")
+    return s
+
+
+def with_record(data: ShardData, shard: int, key, value, *, text: str | None = None, topic: int = -1) -> ShardData:
+    """Neighbour of ``data`` with one record appended to ``shard`` (key normalised, value clipped check).
+
+    ``value`` must already satisfy ``||value|| <= clip`` (raises ``ValueError`` rather
+    than silently clipping, so an attack's candidate is exactly what was asked for).
+    """
+    s = _check_shard(data, shard)
+    k = V.finite_array("key", key, ndim=1, dim=data.key_dim)
+    v = V.finite_array("value", value, ndim=1, dim=data.value_dim)
+    nk = float(np.linalg.norm(k))
+    if nk == 0.0:
+        raise ValueError("key must be non-zero. Found the zero vector.")
+    if np.linalg.norm(v) > data.clip * (1 + 1e-9):
+        raise ValueError(f"value must have L2 norm <= clip={data.clip}. Found {np.linalg.norm(v)!r}.")
+    dt = data.keys[s].dtype
+    keys = np.vstack([data.keys[s], (k / nk).astype(dt)[None]])
+    values = np.vstack([data.values[s], v.astype(dt)[None]])
+    topics = None if data.topics is None else np.append(data.topics[s], np.int64(topic))
+    texts = None if data.texts is None else [*data.texts[s], text or f"shard {s} inserted record"]
+    return _replace_shard(data, s, keys, values, topics, texts)
+
+
+def without_record(data: ShardData, shard: int, index: int) -> ShardData:
+    """Neighbour of ``data`` with record ``index`` of ``shard`` removed."""
+    s = _check_shard(data, shard)
+    n_i = data.keys[s].shape[0]
+    i = V.positive_int("index", index, minimum=0)
+    if i >= n_i:
+        raise ValueError(f"index must be < {n_i} (records on shard {s}). Found {index!r}.")
+    keep = np.arange(n_i) != i
+    topics = None if data.topics is None else data.topics[s][keep]
+    texts = None if data.texts is None else [t for j, t in enumerate(data.texts[s]) if j != i]
+    return _replace_shard(data, s, data.keys[s][keep], data.values[s][keep], topics, texts)
+
+
+def sample_queries(data: ShardData, n: int, rng: np.random.Generator, *, kind: str = "cluster",
+                   noise: float = 0.25) -> np.ndarray:
+    """``n`` unit query vectors (n, key_dim).
+
+    ``cluster``: a uniformly chosen topic centre plus ``noise`` (relative); ``record``: a
+    uniformly chosen stored key plus noise; ``uniform``: uniform on the sphere.
+    """
+    n = V.positive_int("n", n)
+    V.rng_check("rng", rng)
+    noise = V.nonnegative("noise", noise)
+    if kind not in QUERY_KINDS:
+        raise ValueError(f"kind must be one of {QUERY_KINDS}. Found {kind!r}.")
+    d = data.key_dim
+    g = rng.standard_normal((n, d)) / np.sqrt(d)
+    if kind == "uniform":
+        return _unit(g)
+    if kind == "cluster":
+        base = data.centers[rng.integers(0, len(data.centers), size=n)]
+    else:
+        sizes = data.sizes
+        shard = rng.choice(len(sizes), size=n, p=sizes / sizes.sum())
+        base = np.stack([data.keys[s][rng.integers(0, sizes[s])] for s in shard]).astype(np.float64)
+    return _unit(base + noise * g)

@@ -1,0 +1,163 @@
+"""Shard hosts: many memory shards per Ray actor, numpy only (no torch, no CrypTen).
+
+DESIGN.md, "One federated query, end to end", step 2. For every query a shard, in
+plaintext on its own records only:
+
+1. scores each record by cosine similarity with the unit query (keys are unit-norm, so
+   the score is ``<key, q>``);
+2. keeps its local top-k' records (higher score first, ties to the lower record index),
+   **padded to exactly k'** rows so that message sizes never depend on the data
+   (padding rows: ``valid=0``, score ``PAD_SCORE``, value 0);
+   in ``broadcast`` mode the padding rows are instead zero-value *dummies flagged
+   valid*, so every shard contributes exactly k' valid candidates and the selected
+   count and per-shard tallies are constants (papers/003, Conditions of Validity);
+3. clips every value to L2 norm <= C (again, even if the data generator already did);
+4. fixed-point encodes and splits everything into additive shares, one
+   :class:`~fedmem.federation.sharing.SharePacket` per compute party
+   (:func:`~fedmem.federation.sharing.share_candidates`).
+
+:func:`local_candidates` is the pure function that does steps 1-3 for a stack of shards;
+:class:`ShardHostCore` adds step 4 and is what the Ray actor (:func:`host_actor_class`)
+wraps, so the same code runs in-process for the evaluation-only ``ground_truth``.
+All hosts are placed with ``num_cpus=0``: they are idle between queries, so thousands of
+shards on a handful of hosts fit on one 2-core machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from fedmem import _validate as V
+from fedmem.federation.sharing import share_candidates
+
+PAD_SCORE = -4.0
+"""Score of padding rows and broadcast dummies: below every cosine similarity (>= -1)."""
+
+MODES = ("topk", "threshold", "broadcast")
+
+
+def stack_shards(keys: list, values: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stack ragged shards into (S_h, n_max, dim) arrays plus a (S_h, n_max) record mask."""
+    n_max = max(1, max(k.shape[0] for k in keys))
+    S_h = len(keys)
+    kd, vd = keys[0].shape[1], values[0].shape[1]
+    dt = np.result_type(*(k.dtype for k in keys))
+    K = np.zeros((S_h, n_max, kd), dtype=dt)
+    Vv = np.zeros((S_h, n_max, vd), dtype=dt)
+    M = np.zeros((S_h, n_max), dtype=bool)
+    for i, (k, v) in enumerate(zip(keys, values)):
+        K[i, : k.shape[0]] = k
+        Vv[i, : v.shape[0]] = v
+        M[i, : k.shape[0]] = True
+    return K, Vv, M
+
+
+def local_candidates(q: np.ndarray, K: np.ndarray, Vv: np.ndarray, M: np.ndarray, k_local: int, clip: float,
+                     mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each shard's padded local top-k' for a batch of unit queries ``q`` (B, key_dim).
+
+    Returns ``scores`` (B, S_h, k'), ``values`` (B, S_h, k', value_dim) clipped to
+    ``clip``, ``valid`` (B, S_h, k') int64 0/1. Order within a shard: higher score
+    first, ties to the lower record index (a stable sort), then padding.
+    """
+    B = q.shape[0]
+    S_h, n_max, _ = K.shape
+    sc = np.einsum("shd,bd->bsh", K, q.astype(K.dtype, copy=False)).astype(np.float64)
+    sc = np.where(M[None], sc, -np.inf)
+    kk = min(k_local, n_max)
+    # Stable sort of -score: higher score first, exact ties to the lower record index;
+    # masked-out rows (-inf) sort last.
+    order = np.argsort(-sc, axis=2, kind="stable")[..., :kk]
+    top = np.take_along_axis(sc, order, axis=2)
+    ok = np.isfinite(top)
+    scores = np.full((B, S_h, k_local), PAD_SCORE)
+    valid = np.zeros((B, S_h, k_local), dtype=np.int64)
+    values = np.zeros((B, S_h, k_local, Vv.shape[2]), dtype=np.float64)
+    scores[..., :kk] = np.where(ok, top, PAD_SCORE)
+    valid[..., :kk] = ok
+    s_idx = np.arange(S_h)[None, :, None]
+    vals = Vv[s_idx, order].astype(np.float64)  # (B, S_h, kk, vd)
+    norms = np.linalg.norm(vals, axis=-1, keepdims=True)
+    vals = vals * np.minimum(1.0, clip / np.where(norms > 0, norms, 1.0))
+    values[..., :kk, :] = np.where(ok[..., None], vals, 0.0)
+    if mode == "broadcast":
+        valid[:] = 1  # padding rows become zero-value dummies flagged valid
+    return scores, values, valid
+
+
+class ShardHostCore:
+    """One host's shards and its candidate/sharing step (the body of the Ray actor)."""
+
+    def __init__(self, shard_ids, keys: list, values: list, *, clip: float, k_local: int, n_parties: int,
+                 seed: int):
+        self.shard_ids = np.asarray(shard_ids, dtype=np.int64)
+        if len(self.shard_ids) != len(keys) or len(keys) != len(values) or not keys:
+            raise ValueError(f"shard_ids, keys and values must have the same non-zero length. Found "
+                             f"{len(self.shard_ids)}, {len(keys)}, {len(values)}.")
+        self.clip = V.positive("clip", clip)
+        self.k_local = V.positive_int("k_local", k_local)
+        self.n_parties = V.positive_int("n_parties", n_parties, minimum=2)
+        self.K, self.V, self.M = stack_shards(keys, values)
+        self._rng = np.random.default_rng(np.random.SeedSequence(int(seed)))
+
+    def candidates(self, q, mode: str):
+        """Share packets (one per party) for a batch of queries ``q`` (B, key_dim)."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}. Found {mode!r}.")
+        q = np.asarray(q, dtype=np.float64)
+        if q.ndim != 2 or q.shape[1] != self.K.shape[2]:
+            raise ValueError(f"q must have shape (B, {self.K.shape[2]}). Found {q.shape}.")
+        s, v, ok = local_candidates(q, self.K, self.V, self.M, self.k_local, self.clip, mode)
+        return share_candidates(s, v, ok, self.shard_ids, self.n_parties, self._rng)
+
+    def plain_candidates(self, q, mode: str):
+        """Unshared candidates (evaluation only; the engine's ``ground_truth``)."""
+        q = np.asarray(q, dtype=np.float64)
+        return local_candidates(q, self.K, self.V, self.M, self.k_local, self.clip, mode)
+
+    def info(self) -> dict:
+        import sys
+
+        return {"pid": os.getpid(), "shards": int(len(self.shard_ids)), "torch_loaded": "torch" in sys.modules}
+
+    def ping(self) -> bool:
+        return True
+
+
+class _HostActor(ShardHostCore):
+    """Ray actor wrapper: multi-return ``candidates`` (one object per party)."""
+
+    def candidates_split(self, q, mode: str):
+        packets = self.candidates(q, mode)
+        return tuple(packets) if len(packets) > 1 else packets[0]
+
+    def stall(self, seconds: float) -> bool:
+        """Fault-injection hook for tests: keep this (single-threaded) host busy."""
+        import time
+
+        time.sleep(float(seconds))
+        return True
+
+
+_ACTOR = None
+
+
+def host_actor_class():
+    """The ``ray.remote`` shard-host actor class (built lazily so importing this module needs no Ray)."""
+    global _ACTOR
+    if _ACTOR is None:
+        import ray
+
+        _ACTOR = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(_HostActor)
+    return _ACTOR
+
+
+def split_shards(n_shards: int, hosts: int) -> list[np.ndarray]:
+    """Contiguous, near-equal split of global shard ids among ``hosts`` hosts."""
+    n_shards = V.positive_int("n_shards", n_shards)
+    hosts = V.positive_int("hosts", hosts)
+    if hosts > n_shards:
+        raise ValueError(f"hosts must be <= shards ({n_shards}). Found {hosts!r}.")
+    return [a for a in np.array_split(np.arange(n_shards, dtype=np.int64), hosts)]

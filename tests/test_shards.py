@@ -1,0 +1,109 @@
+"""Synthetic clustered shards (fedmem.bench.shards) and the shard hosts' local step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedmem.bench.shards import make_clustered_shards, sample_queries, with_record, without_record
+from fedmem.federation.shard_host import PAD_SCORE, local_candidates, split_shards, stack_shards
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_clustered_shards(40, 30, 32, 16, 1.0, np.random.default_rng(7))
+
+
+def test_shapes_norms_and_determinism(data):
+    assert data.n_shards == 40 and data.key_dim == 32 and data.value_dim == 16
+    for k, v in zip(data.keys, data.values):
+        assert k.shape == (30, 32) and v.shape == (30, 16)
+        np.testing.assert_allclose(np.linalg.norm(k, axis=1), 1.0, atol=1e-12)
+        assert np.all(np.linalg.norm(v, axis=1) <= 1.0 + 1e-12)
+    again = make_clustered_shards(40, 30, 32, 16, 1.0, np.random.default_rng(7))
+    assert all(np.array_equal(a, b) for a, b in zip(data.keys, again.keys))
+    other = make_clustered_shards(40, 30, 32, 16, 1.0, np.random.default_rng(8))
+    assert not np.array_equal(data.keys[0], other.keys[0])
+
+
+def test_contributing_set_depends_on_query(data):
+    """papers/003: 3 to 40 of 40 shards contributed depending on the query."""
+    qs = sample_queries(data, 200, np.random.default_rng(1))
+    best = np.stack([(np.stack(data.keys) @ q).max(axis=1) for q in qs])  # (200, 40) best score per shard
+    n = (best >= 0.5).sum(axis=1)
+    assert n.min() <= 6 and n.max() >= 36
+    assert len(np.unique(n)) >= 5
+
+
+def test_neighbours(data):
+    key = np.ones(32)
+    value = np.full(16, 0.1)
+    bigger = with_record(data, 3, key, value, text="x")
+    assert bigger.sizes[3] == 31 and bigger.sizes.sum() == data.sizes.sum() + 1
+    np.testing.assert_allclose(bigger.keys[3][-1], key / np.linalg.norm(key))
+    back = without_record(bigger, 3, 30)
+    assert all(np.array_equal(a, b) for a, b in zip(back.keys, data.keys))
+    assert all(np.array_equal(a, b) for a, b in zip(back.values, data.values))
+    assert data.sizes[3] == 30  # the original is untouched (frozen, copied)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda d: with_record(d, 40, np.ones(32), np.zeros(16)), "shard must be < 40"),
+    (lambda d: with_record(d, 0, np.zeros(32), np.zeros(16)), "key must be non-zero"),
+    (lambda d: with_record(d, 0, np.ones(32), np.ones(16)), "value must have L2 norm <= clip"),
+    (lambda d: with_record(d, 0, np.ones(31), np.zeros(16)), "key must have last dimension 32"),
+    (lambda d: without_record(d, 0, 30), "index must be < 30"),
+    (lambda d: sample_queries(d, 3, np.random.default_rng(0), kind="nope"), "kind must be one of"),
+    (lambda d: make_clustered_shards(0, 3, 4, 4, 1.0, np.random.default_rng(0)), "shards must be >= 1"),
+    (lambda d: make_clustered_shards(3, 3, 4, 4, -1.0, np.random.default_rng(0)), "clip must be positive"),
+])
+def test_bad_input_is_named(data, call, match):
+    with pytest.raises(ValueError, match=match):
+        call(data)
+
+
+def test_rng_must_be_injected():
+    with pytest.raises(TypeError, match="rng must be"):
+        make_clustered_shards(3, 3, 4, 4, 1.0, rng=1)
+
+
+def test_query_kinds_are_unit(data):
+    for kind in ("cluster", "record", "uniform"):
+        q = sample_queries(data, 20, np.random.default_rng(3), kind=kind)
+        assert q.shape == (20, 32)
+        np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-12)
+
+
+# ----------------------------------------------------------------- shard host local step
+def test_local_topk_padding_tiebreak_and_clip():
+    keys = [np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]), np.array([[0.6, 0.8]])]
+    values = [np.array([[3.0, 0.0], [0.0, 0.5], [0.1, 0.1]]), np.array([[0.2, 0.2]])]
+    K, Vv, M = stack_shards(keys, values)
+    q = np.array([[1.0, 0.0]])
+    s, v, ok = local_candidates(q, K, Vv, M, k_local=2, clip=1.0, mode="topk")
+    assert s.shape == (1, 2, 2) and v.shape == (1, 2, 2, 2)
+    # shard 0: exact tie between records 0 and 1 -> lower index first; value of record 0 clipped to norm 1
+    np.testing.assert_allclose(s[0, 0], [1.0, 1.0])
+    np.testing.assert_allclose(v[0, 0, 0], [1.0, 0.0])
+    np.testing.assert_allclose(v[0, 0, 1], [0.0, 0.5])
+    # shard 1 has one record: padded to k'=2 with an invalid zero row at PAD_SCORE
+    assert ok[0, 1].tolist() == [1, 0] and s[0, 1, 1] == PAD_SCORE and not v[0, 1, 1].any()
+    _, vb, okb = local_candidates(q, K, Vv, M, k_local=2, clip=1.0, mode="broadcast")
+    assert okb.all()  # broadcast: the padding row becomes a zero-value dummy flagged valid
+    assert not vb[0, 1, 1].any()
+
+
+def test_split_shards():
+    parts = split_shards(10, 3)
+    assert [len(p) for p in parts] == [4, 3, 3] and np.array_equal(np.concatenate(parts), np.arange(10))
+    with pytest.raises(ValueError, match="hosts must be <= shards"):
+        split_shards(2, 3)
+
+
+def test_shard_host_module_does_not_import_torch():
+    code = ("import sys, fedmem.federation.shard_host, fedmem.bench.shards, fedmem.federation; "
+            "assert 'torch' not in sys.modules and 'crypten' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
