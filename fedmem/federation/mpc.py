@@ -1,0 +1,765 @@
+"""Compute parties: secure global selection, sum, count and per-shard tallies.
+
+DESIGN.md, "One federated query, end to end", steps 3-4. Every shard host sends each
+compute party one :class:`~fedmem.federation.sharing.SharePacket` (additive shares of
+its padded local top-k' candidates). The parties jointly compute, without any of them
+seeing a plaintext score, value or flag:
+
+1. a secret-shared 0/1 selection mask over all ``N = S * m`` candidates (global top-k,
+   threshold, or broadcast; semantics and tie-break in ``fedmem.federation.sharing``);
+2. the secure sum of the selected value vectors, the secure count and the per-shard
+   tallies (the "receipts" whose leakage papers/003 is about);
+
+and open only the outputs that :class:`SelectionSpec.reveal` names.
+
+Two implementations with identical semantics:
+
+* :class:`PlaintextParties`: the reference/baseline. It reconstructs the shares and
+  computes in numpy (no secrecy); used to test the MPC and as the fast engine option.
+* :class:`CryptenParties`: ``n`` Ray actors (2 by default, 3 allowed), each one CrypTen
+  party over torch.distributed/gloo on loopback. Each actor receives only its own
+  shares and wraps them with ``MPCTensor.from_shares``.
+
+Secure top-k. With effective scores ``e_j = valid_j * (score_j + F)`` (F =
+``MASK_FILL``, so invalid rows sit below every valid one), candidate ``u`` beats ``t``
+iff ``e_u > e_t`` or (``e_u = e_t`` and ``u < t``). Three methods, same output
+(``impl=``; ``"auto"`` picks by :func:`choose_impl` from public shapes only):
+
+* ``rank`` (constant rounds): for all ``N(N-1)/2`` pairs ``i < j`` at once, one
+  vectorised secure comparison gives ``l_ij = [e_i < e_j]`` (CrypTen's sign-bit
+  ``_ltz`` of the difference). The rank of ``t`` (number of candidates that beat it) is
+  *linear* in the ``l``'s, ``rank_t = t + sum_{j > t} l_tj - sum_{i < t} l_it``, so each
+  party computes its share locally; ``mask_t = [rank_t < k] * valid_t`` is one more
+  comparison and one multiplication: 20 rounds whatever ``k`` and ``N``.
+* ``grouped`` (constant rounds, :func:`_grouped_topk`): the same rank inside groups of
+  shards, a secret one-hot compaction of each group's top-k, and a second rank over the
+  survivors: 4 comparison layers, ~4x fewer comparisons than ``rank`` for 40 x 5.
+* ``merge`` (:func:`_merge_topk`): sorted shard lists merged pairwise in a tree of
+  bitonic top-K merges: O(N log^2 k) comparisons, O(log S log k) rounds; best for large
+  batches and many shards.
+
+The naive approach (``k`` sequential log-depth CrypTen argmaxes) is kept as
+``impl="argmax"`` for the benchmark. Every selection mask is an integer (scale-1)
+sharing and ``valid`` is shared at scale 1, so ``mask * values`` needs no fixed-point
+truncation: the revealed sum is the exact ring sum of the encoded selected values,
+bit-identical to :class:`PlaintextParties`.
+
+CrypTen's trust model (stated plainly): semi-honest (honest-but-curious) parties, no
+MACs, so a party that deviates from the protocol can silently corrupt results; the
+default provider ``TFP`` ("trusted first party") has party 0 generate the Beaver
+triples and binary triples for everyone, so party 0 must be trusted not to collude;
+``TTP`` moves that role to a separate trusted-third-party process (an extra actor).
+Revealed outputs are opened to every party (and returned to the aggregator).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Sequence
+
+import numpy as np
+
+from fedmem import _validate as V
+from fedmem.errors import MpcFailure
+from fedmem.federation.sharing import (
+    FRAC_BITS, MASK_FILL, REVEALABLE, Revealed, SelectionSpec, SharePacket, decode, encode, reconstruct,
+)
+
+PROVIDERS = ("TFP", "TTP")
+IMPLS = ("auto", "rank", "grouped", "merge", "argmax")
+CONSTANT_ROUNDS_MAX = 150_000
+"""``impl="auto"`` uses a constant-round method (grouped or rank) while the batch needs at
+most this many secure comparisons (one query of 40 x 5 candidates, k = 5: 4,175 grouped,
+19,900 rank), else the merge tree (1,067 per query); see :func:`choose_impl`."""
+
+
+# ----------------------------------------------------------------------------- layout
+
+def assemble(packets: Sequence[SharePacket]):
+    """Concatenate one party's packets from every shard host in ascending shard-id order.
+
+    Returns ``(scores (B, N), values (B, N, d), valid (B, N), shard_ids (S,), m)`` with
+    flat candidate index ``j = s * m + c`` (``s`` = position of the shard in ascending
+    global id order, ``c`` = candidate index within the shard).
+    """
+    packets = list(packets)
+    if not packets:
+        raise ValueError("packets must hold at least one SharePacket per party. Found [].")
+    for p in packets:
+        if not isinstance(p, SharePacket):
+            raise TypeError(f"packets must be SharePacket objects. Found {type(p).__name__}.")
+    B, m, d = packets[0].batch, packets[0].m, packets[0].d
+    for p in packets[1:]:
+        if (p.batch, p.m, p.d) != (B, m, d):
+            raise ValueError(f"packets must agree on (batch, m, d) = {(B, m, d)}. Found {(p.batch, p.m, p.d)}.")
+    ids = np.concatenate([p.shard_ids for p in packets]).astype(np.int64)
+    if len(np.unique(ids)) != len(ids):
+        raise ValueError(f"shard_ids must be distinct across shard hosts. Found duplicates in {ids.tolist()!r}.")
+    order = np.argsort(ids, kind="stable")
+    S = len(ids)
+    scores = np.concatenate([p.scores for p in packets], axis=1)[:, order].reshape(B, S * m)
+    valid = np.concatenate([p.valid for p in packets], axis=1)[:, order].reshape(B, S * m)
+    values = np.concatenate([p.values for p in packets], axis=1)[:, order].reshape(B, S * m, d)
+    return scores, values, valid, ids[order], m
+
+
+def _check_packets(packets, n_parties: int):
+    if not isinstance(packets, (list, tuple)) or len(packets) != n_parties:
+        got = len(packets) if isinstance(packets, (list, tuple)) else type(packets).__name__
+        raise ValueError(f"packets must be a list with one entry per party ({n_parties}). Found {got}.")
+    per = [list(p) if isinstance(p, (list, tuple)) else [p] for p in packets]
+    n_hosts = {len(p) for p in per}
+    if len(n_hosts) != 1:
+        raise ValueError(f"packets must give every party the same number of host packets. Found {sorted(n_hosts)}.")
+    if any(_is_ref(x) for party in per for x in party):
+        return per  # resolved inside each party; shard ids are cross-checked on the results
+    ref = [tuple(x.shard_ids.tolist()) for x in per[0]]
+    for party in per[1:]:
+        if [tuple(x.shard_ids.tolist()) for x in party] != ref:
+            raise ValueError("packets must list the same shard hosts (same shard_ids, same order) for every party.")
+    return per
+
+
+def _is_ref(x) -> bool:
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a hard dependency
+        return False
+    return isinstance(x, ray.ObjectRef)
+
+
+def _resolve(packets, timeout_s: float | None = None):
+    """Fetch any Ray ObjectRefs among one party's packets (inside that party's process)."""
+    packets = list(packets)
+    idx = [i for i, x in enumerate(packets) if _is_ref(x)]
+    if idx:
+        import ray
+
+        got = ray.get([packets[i] for i in idx], timeout=timeout_s)
+        for i, g in zip(idx, got):
+            packets[i] = g
+    return packets
+
+
+def _check_spec(spec):
+    if not isinstance(spec, SelectionSpec):
+        raise TypeError(f"spec must be a SelectionSpec. Found {type(spec).__name__}.")
+
+
+# ----------------------------------------------------------------------------- reference
+
+def plaintext_mask(scores_int: np.ndarray, valid_int: np.ndarray, spec: SelectionSpec) -> np.ndarray:
+    """Selection mask (B, N) bool on reconstructed ring elements: the semantic reference."""
+    valid = valid_int.astype(bool)
+    if spec.mode == "broadcast":
+        return valid
+    if spec.mode == "threshold":
+        return (scores_int >= encode(spec.threshold)) & valid
+    B, N = scores_int.shape
+    eff = np.where(valid, scores_int + encode(MASK_FILL), 0)
+    # Stable sort of -eff: higher effective score first, ties keep the lower flat index first.
+    top = np.argsort(-eff, axis=1, kind="stable")[:, : spec.k]
+    mask = np.zeros((B, N), dtype=bool)
+    np.put_along_axis(mask, top, True, axis=1)
+    return mask & valid
+
+
+class PlaintextParties:
+    """Reference compute parties: reconstruct the shares and select in numpy (no secrecy).
+
+    Same inputs, semantics and outputs as :class:`CryptenParties`; ``stats`` reports
+    wall seconds and zero rounds/bytes.
+    """
+
+    def __init__(self, n_parties: int = 2):
+        self.n_parties = V.positive_int("n_parties", n_parties, minimum=2)
+
+    def run(self, packets, spec: SelectionSpec) -> Revealed:
+        """``packets[p]``: party p's packets, one per shard host (``SharePacket`` or Ray
+        ``ObjectRef`` to one; refs are fetched here)."""
+        _check_spec(spec)
+        t0 = time.perf_counter()
+        per = [_resolve(p) for p in _check_packets(packets, self.n_parties)]
+        per = _check_packets(per, self.n_parties)
+        parts = [assemble(p) for p in per]
+        ids, m = parts[0][3], parts[0][4]
+        scores = reconstruct([p[0] for p in parts])
+        values = reconstruct([p[1] for p in parts])
+        valid = reconstruct([p[2] for p in parts])
+        if not np.all((valid == 0) | (valid == 1)):
+            raise MpcFailure("valid flags reconstruct to values other than 0/1: inconsistent shares.")
+        mask = plaintext_mask(scores, valid, spec)
+        B, N = mask.shape
+        out = {}
+        if "sum" in spec.reveal:
+            with np.errstate(over="ignore"):
+                ring = np.where(mask[..., None], values, 0).sum(axis=1, dtype=np.int64)
+            out["sum"] = decode(ring)
+        if "count" in spec.reveal:
+            out["count"] = mask.sum(axis=1).astype(np.int64)
+        if "tallies" in spec.reveal:
+            out["tallies"] = mask.reshape(B, N // m, m).sum(axis=2).astype(np.int64)
+        stats = {"seconds": time.perf_counter() - t0, "rounds": 0, "bytes": 0}
+        return Revealed(sum=out.get("sum"), count=out.get("count"), tallies=out.get("tallies"),
+                        stats=stats, shard_ids=ids)
+
+    def close(self):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ----------------------------------------------------------------------------- secure program
+
+def _secure_program(scores, values, valid, m: int, spec: SelectionSpec, rank: int, impl: str = "auto",
+                    shards_sorted: bool = False):
+    """Run inside ONE CrypTen party on that party's shares; returns the opened outputs.
+
+    Every party executes exactly this code on its own shares (SPMD). Linear steps act
+    on the local share tensors directly (public constants are added by party 0 only);
+    comparisons and products go through CrypTen's protocols.
+    """
+    import torch
+
+    from fedmem._crypten import MPCTensor
+    from crypten.mpc.primitives import ArithmeticSharedTensor
+
+    B, N = scores.shape
+    S = N // m
+    t = torch.from_numpy
+    val = MPCTensor.from_shares(t(np.ascontiguousarray(valid)), precision=0)  # raw 0/1, scale 1
+
+    if spec.mode == "broadcast":
+        mask = val
+    elif spec.mode == "threshold":
+        d = t(np.ascontiguousarray(scores)).clone()
+        if rank == 0:
+            d -= int(encode(spec.threshold))
+        below = MPCTensor.from_shares(d, precision=FRAC_BITS)._ltz()  # [score < threshold], scale 1
+        mask = val - below * val
+    else:
+        shifted = t(np.ascontiguousarray(scores)).clone()
+        if rank == 0:
+            shifted += int(encode(MASK_FILL))
+        # e = valid * (score + F): scale-1 times scale-2^16 needs no truncation (exact).
+        eff = val * MPCTensor.from_shares(shifted, precision=FRAC_BITS)
+        if impl == "auto":
+            impl = choose_impl(B, S, m, spec.k)
+        if N <= spec.k:
+            mask = val
+        elif impl == "argmax":
+            mask = _naive_topk(eff, val, spec.k)
+        elif impl == "merge":
+            sel = _merge_topk(eff.share, m, spec.k, rank, shards_sorted)
+            mask = MPCTensor.from_shares(sel, precision=0) * val
+        elif impl == "grouped" and grouped_plan(S, m, spec.k) is not None:
+            sel = _grouped_topk(eff.share, m, spec.k, rank, grouped_plan(S, m, spec.k))
+            mask = MPCTensor.from_shares(sel, precision=0) * val
+        else:
+            e = eff.share
+            I, J = torch.triu_indices(N, N, offset=1)
+            lt = MPCTensor.from_shares(e[:, I] - e[:, J], precision=FRAC_BITS)._ltz()  # l_ij = [e_i < e_j]
+            ls = lt.share
+            r = torch.zeros((B, N), dtype=torch.long)
+            r.index_add_(1, I, ls)
+            r.index_add_(1, J, ls, alpha=-1)
+            if rank == 0:
+                r += torch.arange(N, dtype=torch.long) - spec.k
+            sel = MPCTensor.from_shares(r, precision=0)._ltz()  # [rank_t - k < 0]
+            mask = sel * val
+
+    opened, names = [], []
+    if "sum" in spec.reveal:
+        vals = MPCTensor.from_shares(t(np.ascontiguousarray(values)), precision=FRAC_BITS)
+        opened.append(mask.unsqueeze(1).matmul(vals).squeeze(1))  # scale 1 x scale 2^16: exact
+        names.append("sum")
+    if "count" in spec.reveal:
+        opened.append(mask.sum(1))
+        names.append("count")
+    if "tallies" in spec.reveal:
+        opened.append(mask.view(B, S, m).sum(2))
+        names.append("tallies")
+    out = {}
+    if opened:
+        plain = ArithmeticSharedTensor.reveal_batch([x._tensor for x in opened])
+        if not isinstance(plain, (list, tuple)):
+            plain = [plain]
+        for name, x in zip(names, plain):
+            arr = x.numpy().astype(np.int64)
+            out[name] = decode(arr) if name == "sum" else arr
+    return out
+
+
+def _ltz_share(x):
+    """Shares of [x < 0] (scale 1) from shares of integer-valued x (one CrypTen comparison)."""
+    from fedmem._crypten import MPCTensor
+
+    return MPCTensor.from_shares(x, precision=0)._ltz().share
+
+
+def _mul_share(a, b):
+    """Shares of a * b for scale-1 sharings a, b (one Beaver multiplication, no truncation)."""
+    from fedmem._crypten import MPCTensor
+
+    return (MPCTensor.from_shares(a, precision=0) * MPCTensor.from_shares(b, precision=0)).share
+
+
+def _compare_exchange(x, lo, hi):
+    """One layer of a sorting network on the last axis of the shared tensor ``x``.
+
+    For every comparator (lo[c], hi[c]) at once, afterwards x[lo] >= x[hi]. One secure
+    comparison and one multiplication per comparator; the swap bit stays shared.
+    """
+    a, b = x[..., lo], x[..., hi]
+    delta = _mul_share(_ltz_share(a - b), b - a)  # [a < b] * (b - a)
+    out = x.clone()
+    out[..., lo] = a + delta
+    out[..., hi] = b - delta
+    return out
+
+
+def _oddeven_layers(n: int):
+    """Layers of Batcher's odd-even merge sort for ``n`` (a power of two), as (lo, hi) pairs."""
+    layers = []
+    p = 1
+    while p < n:
+        k = p
+        while k >= 1:
+            layer = [(i + j, i + j + k)
+                     for j in range(k % p, n - k, 2 * k)
+                     for i in range(min(k, n - j - k))
+                     if (i + j) // (2 * p) == (i + j + k) // (2 * p)]
+            layers.append(layer)
+            k //= 2
+        p *= 2
+    return layers
+
+
+def _prune(layers, needed: int, pad_from: int | None = None):
+    """Drop comparators that cannot matter (a network where every comparator puts the max at lo).
+
+    ``pad_from``: positions >= it hold a known minimum (-inf padding) that never moves, so a
+    comparator touching one is a no-op. ``needed``: only output positions < it are used;
+    comparators feeding none of them are dead (backward liveness).
+    """
+    if pad_from is not None:
+        layers = [[(lo, hi) for lo, hi in layer if hi < pad_from] for layer in layers]
+    live = set(range(needed))
+    kept = []
+    for layer in reversed(layers):
+        keep = [(lo, hi) for lo, hi in layer if lo in live or hi in live]
+        for lo, hi in keep:
+            live.update((lo, hi))
+        kept.append(keep)
+    return [layer for layer in reversed(kept) if layer]
+
+
+def _apply(x, layers):
+    for layer in layers:
+        lo, hi = [c[0] for c in layer], [c[1] for c in layer]
+        x = _compare_exchange(x, lo, hi)
+    return x
+
+
+def merge_network(m: int, k: int):
+    """Public comparator schedule of the merge-tree top-k (see :func:`_merge_topk`).
+
+    Returns ``(K, M, sort_layers, mix, clean_layers)``: list length K (power of two >= k),
+    padded shard length M, the pruned shard-sort layers, the positions ``i`` where a
+    merge compares ``a_i`` with ``b_{K-1-i}``, and the pruned half-cleaner layers.
+    """
+    K = 1 << max(0, (k - 1).bit_length())
+    M = 1 << max(0, (max(m, 1) - 1).bit_length())
+    sort_layers = _prune(_oddeven_layers(M), needed=min(k, m), pad_from=m)
+    mix = list(range(K - k, k))
+    cleaners = []
+    st = K // 2
+    while st >= 1:
+        cleaners.append([(i, i + st) for i in range(K) if (i // st) % 2 == 0])
+        st //= 2
+    return K, M, sort_layers, mix, _prune(cleaners, needed=k)
+
+
+def _merge_topk(e, m: int, k: int, rank: int, shards_sorted: bool = False):
+    """Secure top-k by a tree of top-K merges of sorted lists (K = next power of two >= k).
+
+    ``e`` (B, N) are shares of the effective scores (scale 2^16, >= 0). All on shares:
+
+    1. composite keys ``e'_j = N * e_j + (N - 1 - j)``: distinct and ordered exactly
+       like the documented tie-break (higher score, then lower flat index);
+    2. each shard's m keys are sorted descending by Batcher's odd-even merge sort
+       (comparators touching the padding or feeding only positions >= k are pruned) and
+       cut to the top k, padded with the key -1 (below every real key) to length K
+       (with ``shards_sorted`` the hosts' order is trusted and this sort is skipped);
+    3. pairs of sorted lists are merged keeping the top K: ``c_i = max(a_i, b_{K-1-i})``
+       is bitonic and holds the top K of the union (only ``K-k <= i < k`` needs a
+       comparison, the rest face padding), then pruned half-cleaner layers sort it;
+       level by level until one list remains (an odd list passes through);
+    4. ``tau`` = element k-1 of that list (the k-th largest key) and the selection is
+       ``[e'_j >= tau]``: exactly the k candidates the rank method selects.
+
+    About N(log^2 m + log^2 K)/2 comparisons instead of N^2/2, for
+    O(log^2 m + log S log K) rounds. Returns shares (B, N) of the 0/1 selection.
+    """
+    import torch
+
+    B, N = e.shape
+    S = N // m
+    K, M, sort_layers, mix, clean_layers = merge_network(m, k)
+    key = e * N
+    if rank == 0:
+        key = key + (N - 1 - torch.arange(N, dtype=torch.long))
+    pad = -1 if rank == 0 else 0
+    x = torch.full((B, S, M), pad, dtype=torch.long)
+    x[:, :, :m] = key.view(B, S, m)
+    if not shards_sorted:
+        x = _apply(x, sort_layers)
+    lists = torch.full((B, S, K), pad, dtype=torch.long)
+    top = min(k, m)
+    lists[:, :, :top] = x[:, :, :top]
+    while lists.shape[1] > 1:
+        L = lists.shape[1]
+        p = L // 2
+        a, b = lists[:, 0:2 * p:2], lists[:, 1:2 * p:2].flip(-1)
+        c = torch.where(torch.arange(K) < K - k, a, b)  # the max is known where one side is padding
+        if mix:
+            am, bm = a[..., mix], b[..., mix]
+            c[..., mix] = am + _mul_share(_ltz_share(am - bm), bm - am)  # max(a_i, b_{K-1-i})
+        c = _apply(c, clean_layers)
+        c[..., k:] = pad
+        lists = torch.cat([c, lists[:, 2 * p:]], dim=1) if L % 2 else c
+    tau = lists[:, 0, k - 1]
+    sel = -_ltz_share(key - tau[:, None])  # 1 - [e'_j < tau]
+    if rank == 0:
+        sel = sel + 1
+    return sel
+
+
+def grouped_plan(S: int, m: int, k: int):
+    """Shards per group G for the two-level rank method, or None when one level is cheaper.
+
+    Minimises the comparison count ``ng*g(g-1)/2 + ng*g*k + n2(n2-1)/2 + n2`` (level-1
+    pairs, compaction, level-2 pairs, final test) with ``g = G*m`` candidates per group,
+    ``ng = ceil(S/G)`` groups and ``n2 = ng*k`` survivors, against ``N(N-1)/2`` for rank.
+    """
+    return _grouped_plan_cost(S, m, k)[0]
+
+
+def choose_impl(B: int, S: int, m: int, k: int) -> str:
+    """What ``impl="auto"`` runs for a top-k batch (a public function of the shapes only).
+
+    A constant-round method (``grouped`` when it needs fewer comparisons, else ``rank``)
+    while the batch needs at most ``CONSTANT_ROUNDS_MAX`` comparisons; beyond that the
+    merge tree, whose O(N log^2 k) comparisons win once the volume, not the round count,
+    dominates (measured crossover: between 10 and 100 queries of 40 x 5 candidates).
+    """
+    G, cost = _grouped_plan_cost(S, m, k)
+    if B * cost <= CONSTANT_ROUNDS_MAX:
+        return "rank" if G is None else "grouped"
+    return "merge"
+
+
+def _grouped_plan_cost(S: int, m: int, k: int):
+    N = S * m
+    best, best_cost = None, N * (N - 1) // 2
+    for G in range(1, S):
+        g = G * m
+        if g <= k:
+            continue
+        ng = -(-S // G)
+        n2 = ng * k
+        cost = ng * g * (g - 1) // 2 + ng * g * k + n2 * (n2 - 1) // 2 + n2
+        if cost < best_cost:
+            best, best_cost = G, cost
+    return best, best_cost
+
+
+def _pair_ranks(x, rank: int):
+    """Shares of each element's rank on the last axis (number of elements that beat it).
+
+    ``u`` beats ``t`` iff x_u > x_t, or x_u = x_t and u < t. One vectorised comparison of
+    all pairs; the rank is linear in the comparison bits, so it is computed locally.
+    """
+    import torch
+
+    n = x.shape[-1]
+    I, J = torch.triu_indices(n, n, offset=1)
+    ls = _ltz_share(x[..., I] - x[..., J])  # l_ij = [x_i < x_j]: j beats i
+    r = torch.zeros(x.shape, dtype=torch.long)
+    r.index_add_(x.dim() - 1, I, ls)
+    r.index_add_(x.dim() - 1, J, ls, alpha=-1)
+    if rank == 0:
+        r += torch.arange(n, dtype=torch.long)  # rank_t = t + sum_{j>t} l_tj - sum_{i<t} l_it
+    return r
+
+
+def _grouped_topk(e, m: int, k: int, rank: int, G: int):
+    """Secure top-k in two constant-round levels (4 comparison layers, 2 multiplications).
+
+    1. composite distinct keys ``e'_j = N e_j + (N-1-j)`` (as in :func:`_merge_topk`);
+       candidates split into groups of ``G`` shards (``g = G m`` candidates; the last
+       group is padded with key -1);
+    2. level 1: all-pairs rank ``r`` inside each group;
+    3. compaction: ``P[i, t] = [r_t < i+1] - [r_t < i]`` (one-hot of the in-group rank, for
+       i < k) and the group's top-k keys ``z = P @ keys`` (a secret matrix product);
+       every candidate of the global top-k is in its group's top-k;
+    4. level 2: all-pairs rank of the ``ng k`` survivors, ``s = [rank_2 < k]``, mapped back
+       to the candidates by ``s @ P``.
+
+    About ``ng g^2/2 + N k + (ng k)^2/2`` comparisons (4,175 for 40 x 5 candidates and
+    k = 5, against 19,900 for one level). Returns shares (B, N) of the 0/1 selection.
+    """
+    import torch
+
+    from fedmem._crypten import MPCTensor
+
+    B, N = e.shape
+    S = N // m
+    g, ng = G * m, -(-S // G)
+    key = e * N
+    if rank == 0:
+        key = key + (N - 1 - torch.arange(N, dtype=torch.long))
+    x = torch.full((B, ng * g), -1 if rank == 0 else 0, dtype=torch.long)
+    x[:, :N] = key
+    x = x.view(B, ng, g)
+    r = _pair_ranks(x, rank)  # (B, ng, g)
+    steps = r.unsqueeze(2).expand(B, ng, k, g).clone()
+    if rank == 0:
+        steps -= torch.arange(1, k + 1, dtype=torch.long).view(1, 1, k, 1)
+    below = _ltz_share(steps)  # [r_t < i+1] for i = 0..k-1
+    P = below.clone()
+    P[:, :, 1:] -= below[:, :, :-1]  # one-hot rows: [r_t == i]
+    Pm = MPCTensor.from_shares(P, precision=0)
+    z = Pm.matmul(MPCTensor.from_shares(x.unsqueeze(-1), precision=0)).share.view(B, ng * k)
+    r2 = _pair_ranks(z, rank)
+    if rank == 0:
+        r2 = r2 - k
+    s2 = MPCTensor.from_shares(_ltz_share(r2).view(B, ng, 1, k), precision=0)
+    sel = s2.matmul(Pm).share.view(B, ng * g)
+    return sel[:, :N].contiguous()
+
+
+def _naive_topk(eff, val, k: int):
+    """Baseline: ``k`` sequential CrypTen argmaxes (log-reduction), knocking out each winner.
+
+    Benchmark only (``impl="argmax"``): CrypTen's argmax returns a random one-hot among
+    exact ties, so this does not implement the documented tie-break.
+    """
+    mask = None
+    cur = eff
+    for _ in range(k):
+        oh = cur.argmax(dim=1, one_hot=True)  # (B, N) one-hot, scale 1
+        mask = oh if mask is None else mask + oh
+        cur = cur - oh * cur  # winner's effective score -> 0 (below every valid one)
+    return mask * val
+
+
+class _CryptenParty:
+    """One compute party (the body of a Ray actor). Holds only its own shares."""
+
+    def __init__(self, rank: int, world_size: int, rendezvous: str, provider: str, threads: int):
+        os.environ.update({
+            "RANK": str(rank), "WORLD_SIZE": str(world_size), "RENDEZVOUS": rendezvous,
+            "DISTRIBUTED_BACKEND": "gloo", "GLOO_SOCKET_IFNAME": "lo",
+        })
+        self.rank, self.provider = rank, provider
+        import torch
+
+        torch.set_num_threads(threads)
+
+    def init(self):
+        from fedmem._crypten import crypten
+
+        crypten.cfg.mpc.provider = self.provider
+        crypten.cfg.communicator.verbose = True
+        crypten.init()
+        return self.rank
+
+    def serve_ttp(self):
+        """TTP provider only: run CrypTen's trusted-third-party server loop (returns at shutdown)."""
+        from fedmem._crypten import crypten
+        from crypten.mpc.provider.ttp_provider import TTPServer
+
+        crypten.cfg.mpc.provider = "TTP"
+        crypten.cfg.communicator.verbose = True
+        crypten.init()
+        TTPServer()
+        return "ttp done"
+
+    def run(self, packets, spec, impl="auto", shards_sorted=False):
+        from fedmem._crypten import comm
+
+        scores, values, valid, ids, m = assemble(_resolve(packets))
+        c = comm.get()
+        c.reset_communication_stats()
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = _secure_program(scores, values, valid, m, spec, self.rank, impl, shards_sorted)
+        st = c.get_communication_stats()
+        out["_stats"] = {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+                         "rounds": int(st["rounds"]), "bytes": int(st["bytes"])}
+        out["_ids"] = ids
+        return out
+
+    def pid(self):
+        return os.getpid()
+
+    def shutdown(self):
+        from fedmem._crypten import crypten
+
+        crypten.uninit()
+        return True
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CryptenParties:
+    """``n_parties`` CrypTen compute parties as Ray actors over gloo on 127.0.0.1.
+
+    Starts its actors on construction (Ray must be initialised, or is initialised
+    locally) and keeps them warm across :meth:`run` calls. Starting (CrypTen rendezvous)
+    is bounded by ``start_timeout_s`` and every :meth:`run` by ``timeout_s``; a timeout, a dead actor or a party exception raises
+    :class:`~fedmem.errors.MpcFailure` after killing all parties (no output of that
+    batch reaches the caller); the next :meth:`run` starts fresh parties. ``threads`` is each party's
+    torch intra-op thread count.
+
+    ``shards_sorted=True`` trusts that every shard sends its rows sorted by score
+    descending (ties by lower candidate index) with invalid/padding rows last, as
+    fedmem's shard hosts do, and skips the in-MPC shard sort of the merge method (about a
+    third of its comparisons). Secrecy is unaffected; if a shard breaks the promise the
+    top-k may be wrong, including for other shards' candidates, so the default is False.
+    It has no effect on ``rank``, ``threshold`` or ``broadcast``.
+    """
+
+    def __init__(self, n_parties: int = 2, *, timeout_s: float = 60.0, provider: str = "TFP", threads: int = 1,
+                 start_timeout_s: float = 180.0, shards_sorted: bool = False):
+        self.n_parties = V.positive_int("n_parties", n_parties, minimum=2)
+        if self.n_parties > 3:
+            raise ValueError(f"n_parties must be 2 or 3. Found {n_parties!r}.")
+        self.timeout_s = V.positive("timeout_s", timeout_s)
+        self.start_timeout_s = V.positive("start_timeout_s", start_timeout_s)
+        if provider not in PROVIDERS:
+            raise ValueError(f"provider must be one of {PROVIDERS}. Found {provider!r}.")
+        self.provider = provider
+        self.threads = V.positive_int("threads", threads)
+        if not isinstance(shards_sorted, bool):
+            raise TypeError(f"shards_sorted must be a bool. Found {shards_sorted!r}.")
+        self.shards_sorted = shards_sorted
+        self._actors: list = []
+        self._ttp = None
+        self._ttp_ref = None
+        self._closed = False
+        self.restarts = 0
+        self._start()
+
+    # -- lifecycle
+    def _start(self):
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_CryptenParty)
+        rdv = f"tcp://127.0.0.1:{_free_port()}"
+        n = self.n_parties
+        self._actors = [actor_cls.remote(r, n, rdv, self.provider, self.threads) for r in range(n)]
+        refs = [a.init.remote() for a in self._actors]
+        if self.provider == "TTP":
+            self._ttp = actor_cls.remote(n, n, rdv, self.provider, self.threads)
+            self._ttp_ref = self._ttp.serve_ttp.remote()
+        try:
+            ray.get(refs, timeout=self.start_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - any start failure is an MPC failure
+            self._kill()
+            raise MpcFailure(f"compute parties failed to start within {self.start_timeout_s:g} s: {exc!r}") from exc
+
+    def _kill(self):
+        import ray
+
+        for a in [*self._actors, *([self._ttp] if self._ttp is not None else [])]:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
+        self._actors, self._ttp, self._ttp_ref = [], None, None
+
+    @property
+    def actors(self) -> list:
+        """The live party actors (rank order); exposed for fault-injection tests."""
+        return list(self._actors)
+
+    def close(self):
+        import ray
+
+        if self._closed:
+            return
+        self._closed = True
+        if self._actors:
+            try:
+                ray.get([a.shutdown.remote() for a in self._actors], timeout=min(10.0, self.timeout_s))
+            except Exception:  # noqa: BLE001 - best effort; killed below
+                pass
+        self._kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- compute
+    def run(self, packets, spec: SelectionSpec, *, impl: str = "auto") -> Revealed:
+        """Secure selection/aggregation; see the module docstring. Never hangs past ``timeout_s``.
+
+        ``packets[p]`` lists party p's packets, one per shard host, as ``SharePacket`` or as
+        Ray ``ObjectRef`` to one (e.g. a shard host's ``num_returns=n`` results): refs are
+        fetched inside party p's actor, so the driver never holds more than one party's
+        shares. Checked for consistency across parties before anything is returned.
+        """
+        import ray
+
+        if self._closed:
+            raise MpcFailure("CryptenParties is closed.")
+        _check_spec(spec)
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}. Found {impl!r}.")
+        per = _check_packets(packets, self.n_parties)
+        if not self._actors:
+            self.restarts += 1
+            self._start()
+        t0 = time.perf_counter()
+        refs = [a.run.remote(per[r], spec, impl, self.shards_sorted) for r, a in enumerate(self._actors)]
+        try:
+            outs = ray.get(refs, timeout=self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - timeout, dead actor or party error: fail closed
+            self._kill()
+            kind = "timed out" if isinstance(exc, ray.exceptions.GetTimeoutError) else "failed"
+            raise MpcFailure(f"secure computation {kind} (timeout {self.timeout_s:g} s); "
+                             f"no output reached the caller, parties were stopped: {exc!r}") from exc
+        first = outs[0]
+        if any(not np.array_equal(o["_ids"], first["_ids"]) for o in outs[1:]):
+            self._kill()
+            raise MpcFailure("parties received packets from different shards; results discarded.")
+        for o in outs[1:]:
+            for name in REVEALABLE & set(first):
+                if not np.array_equal(o[name], first[name]):
+                    raise MpcFailure(f"parties opened different values for {name!r}: inconsistent run.")
+        stats = {
+            "seconds": time.perf_counter() - t0,
+            "party_seconds": max(o["_stats"]["seconds"] for o in outs),
+            # CPU time of the busiest party process: a load-insensitive measure of the work.
+            "party_cpu_seconds": max(o["_stats"]["cpu_seconds"] for o in outs),
+            "rounds": first["_stats"]["rounds"],
+            # CrypTen logs per party; the system total is the sum over parties halved.
+            "bytes": sum(o["_stats"]["bytes"] for o in outs) // 2,
+        }
+        return Revealed(sum=first.get("sum"), count=first.get("count"), tallies=first.get("tallies"),
+                        stats=stats, shard_ids=first["_ids"])

@@ -1,0 +1,250 @@
+"""Fixed-point encoding and additive secret sharing of retrieval candidates (numpy only).
+
+This module is what a shard host runs before anything leaves it (DESIGN.md, "One
+federated query, end to end", step 2): it fixed-point encodes its local top-k'
+candidates (scores, clipped value vectors, validity flags), padded to a fixed count
+``m`` so that message sizes never depend on the data, and splits every ring element
+into additive shares, one per compute party. It must stay importable without torch or
+CrypTen (shard hosts are numpy-only Ray actors), so it reproduces CrypTen's encoding
+rather than calling it.
+
+Ring and encoding (identical to CrypTen 0.4.1's ``FixedPointEncoder`` and
+``ArithmeticSharedTensor``): elements of Z_{2^64} stored as ``int64`` with two's
+complement wrap-around; a real ``x`` is encoded as ``round(x * 2**FRAC_BITS)``
+(CrypTen truncates, ``(scale * x).long()``; rounding halves the encoding error and
+yields the same ring element whenever ``x * 2**16`` is an integer). Additive shares
+``x_1 + ... + x_n = x (mod 2^64)``: the first ``n-1`` shares are uniform on the ring,
+the last is the difference, so any ``n-1`` shares are jointly uniform and independent
+of ``x`` (perfect secrecy against a coalition of up to ``n-1`` parties).
+
+What each field of a :class:`SharePacket` holds:
+
+* ``scores``: shares of ``encode(score)`` (scale ``2**FRAC_BITS``);
+* ``values``: shares of ``encode(value)`` (scale ``2**FRAC_BITS``);
+* ``valid``:  shares of the raw integer flag 0/1 (scale 1, *not* fixed-point), so that
+  multiplying the secret selection mask with the values needs no truncation and the
+  revealed sum is the exact ring sum of the encoded selected values.
+
+Selection semantics shared by every party implementation (``fedmem.federation.mpc``):
+candidates are laid out by ascending global shard id, then candidate index within the
+shard (flat index ``j = s * m + c``). ``topk`` selects the ``k`` valid candidates of
+highest *encoded* score; ties are broken by lower flat index, i.e. lower (global shard
+id, candidate index); invalid rows never count and never displace a valid row; if fewer
+than ``k`` are valid, all valid ones are selected. ``threshold`` selects every valid
+candidate with ``encode(score) >= encode(threshold)``. ``broadcast`` selects every
+valid candidate (shards pad with zero-value dummies flagged valid, so the selected count
+is fixed and independent of the data: support-safe, papers/003 Conditions of Validity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedmem import _validate as V
+
+FRAC_BITS = 16
+"""CrypTen's default fixed-point precision (``cfg.encoder.precision_bits``)."""
+
+SCALE = 1 << FRAC_BITS
+
+SCORE_BOUND = float(1 << 20)
+"""Largest |score| a shard may send. Scores are similarities (|s| <= 1 for unit keys);
+the bound keeps every pairwise score difference far inside the signed ring (2^63), which
+CrypTen's sign-bit comparison requires."""
+
+MASK_FILL = float(1 << 21)
+"""Invalid rows are given the effective score ``-MASK_FILL`` inside the MPC (below every
+admissible score), so they never displace a valid candidate in top-k."""
+
+REVEALABLE = frozenset({"sum", "count", "tallies"})
+MODES = ("topk", "threshold", "broadcast")
+
+_I64 = np.iinfo(np.int64)
+
+
+def encode(x) -> np.ndarray:
+    """Fixed-point encode reals to ring elements: ``round(x * 2**FRAC_BITS)`` as int64.
+
+    Raises ``ValueError`` for non-finite input or values whose encoding leaves the signed
+    64-bit range (|x| >= 2**47).
+    """
+    arr = np.asarray(x, dtype=np.float64)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"x must be finite everywhere to be encoded. Found {arr[~np.isfinite(arr)].ravel()[0]!r}.")
+    scaled = np.rint(arr * SCALE)
+    if np.any(np.abs(scaled) >= 2.0**63):
+        raise ValueError(f"x must satisfy |x| < 2**47 to be encoded. Found {arr.ravel()[np.argmax(np.abs(arr))]!r}.")
+    return scaled.astype(np.int64)
+
+
+def decode(x) -> np.ndarray:
+    """Decode ring elements (int64, two's complement) back to float64 reals."""
+    arr = np.asarray(x)
+    if arr.dtype != np.int64:
+        raise TypeError(f"x must be an int64 array of ring elements. Found dtype {arr.dtype}.")
+    return arr.astype(np.float64) / SCALE
+
+
+def random_ring(shape, rng: np.random.Generator) -> np.ndarray:
+    """Uniform elements of Z_{2^64} as int64 (every bit pattern equally likely)."""
+    return rng.integers(_I64.min, _I64.max, size=shape, dtype=np.int64, endpoint=True)
+
+
+def share(x_int, n_parties: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Split ring elements into ``n_parties`` additive shares that sum to ``x_int`` mod 2^64."""
+    n = V.positive_int("n_parties", n_parties, minimum=2)
+    V.rng_check("rng", rng)
+    x = np.asarray(x_int)
+    if x.dtype != np.int64:
+        raise TypeError(f"x_int must be an int64 array of ring elements (use encode). Found dtype {x.dtype}.")
+    shares = [random_ring(x.shape, rng) for _ in range(n - 1)]
+    last = x.copy()
+    with np.errstate(over="ignore"):
+        for s in shares:
+            last -= s  # int64 arrays wrap modulo 2^64
+    shares.append(last)
+    return shares
+
+
+def reconstruct(shares) -> np.ndarray:
+    """Sum additive shares modulo 2^64 (the inverse of :func:`share`)."""
+    shares = list(shares)
+    if not shares:
+        raise ValueError("shares must hold at least one share. Found [].")
+    out = np.array(shares[0], dtype=np.int64, copy=True)
+    with np.errstate(over="ignore"):
+        for s in shares[1:]:
+            out += np.asarray(s, dtype=np.int64)
+    return out
+
+
+@dataclass(frozen=True)
+class SharePacket:
+    """What ONE compute party receives from ONE shard host for a batch of ``B`` queries.
+
+    ``scores`` (B, S_h, m), ``values`` (B, S_h, m, d), ``valid`` (B, S_h, m) are int64
+    additive shares (see the module docstring for their encodings); ``shard_ids``
+    (S_h,) are the plain global ids of the shards on that host (public: which shards
+    exist is public). ``m`` is the fixed padded candidate count per shard.
+    """
+
+    scores: np.ndarray
+    values: np.ndarray
+    valid: np.ndarray
+    shard_ids: np.ndarray
+
+    def __post_init__(self):
+        for name in ("scores", "values", "valid"):
+            arr = getattr(self, name)
+            if not isinstance(arr, np.ndarray) or arr.dtype != np.int64:
+                raise TypeError(f"{name} must be an int64 numpy array of shares. Found {type(arr).__name__}"
+                                f"{'' if not isinstance(arr, np.ndarray) else ' of dtype ' + str(arr.dtype)}.")
+        ids = np.asarray(self.shard_ids)
+        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"shard_ids must be a 1-d integer array. Found shape {ids.shape}, dtype {ids.dtype}.")
+        if self.scores.ndim != 3:
+            raise ValueError(f"scores must have shape (B, S_h, m). Found shape {self.scores.shape}.")
+        B, S_h, m = self.scores.shape
+        if S_h != ids.shape[0]:
+            raise ValueError(f"scores must have one row per shard id ({ids.shape[0]}). Found shape {self.scores.shape}.")
+        if self.valid.shape != self.scores.shape:
+            raise ValueError(f"valid must have the shape of scores {self.scores.shape}. Found {self.valid.shape}.")
+        if self.values.ndim != 4 or self.values.shape[:3] != self.scores.shape:
+            raise ValueError(f"values must have shape {self.scores.shape + ('d',)}. Found {self.values.shape}.")
+        if len(np.unique(ids)) != len(ids):
+            raise ValueError(f"shard_ids must be distinct. Found {ids.tolist()!r}.")
+
+    @property
+    def batch(self) -> int:
+        return self.scores.shape[0]
+
+    @property
+    def m(self) -> int:
+        return self.scores.shape[2]
+
+    @property
+    def d(self) -> int:
+        return self.values.shape[3]
+
+
+def share_candidates(scores, values, valid, shard_ids, n_parties: int, rng: np.random.Generator) -> list[SharePacket]:
+    """Encode and secret-share one host's padded candidates; returns one packet per party.
+
+    ``scores`` (B, S_h, m) floats with |score| <= ``SCORE_BOUND``; ``values``
+    (B, S_h, m, d) floats; ``valid`` (B, S_h, m) booleans or 0/1; ``shard_ids`` (S_h,)
+    distinct global shard ids. Padding rows should carry ``valid=0`` and zero values
+    (their score is ignored by every selection mode). A single query may be passed
+    without the batch axis (scores (S_h, m), values (S_h, m, d), valid (S_h, m)).
+    """
+    n = V.positive_int("n_parties", n_parties, minimum=2)
+    V.rng_check("rng", rng)
+    s = np.asarray(scores, dtype=np.float64)
+    if s.ndim == 2:
+        s, values, valid = s[None], np.asarray(values)[None], np.asarray(valid)[None]
+    s = V.finite_array("scores", s, ndim=3)
+    v = V.finite_array("values", values, ndim=4)
+    ok = np.asarray(valid)
+    if ok.shape != s.shape:
+        raise ValueError(f"valid must have the shape of scores {s.shape}. Found {ok.shape}.")
+    if not np.all((ok == 0) | (ok == 1)):
+        raise ValueError(f"valid must hold only 0/1 flags. Found {np.unique(ok)[:5].tolist()!r}.")
+    if v.shape[:3] != s.shape:
+        raise ValueError(f"values must have shape {s.shape + ('d',)}. Found {v.shape}.")
+    if np.any(np.abs(s) > SCORE_BOUND):
+        raise ValueError(f"scores must satisfy |score| <= {SCORE_BOUND:g}. Found {s.ravel()[np.argmax(np.abs(s))]!r}.")
+    ids = np.asarray(shard_ids)
+    if ids.ndim != 1 or ids.shape[0] != s.shape[1] or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"shard_ids must be {s.shape[1]} integer ids. Found {shard_ids!r}.")
+    parts = [share(encode(s), n, rng), share(encode(v), n, rng), share(ok.astype(np.int64), n, rng)]
+    return [SharePacket(scores=parts[0][p], values=parts[1][p], valid=parts[2][p], shard_ids=ids.astype(np.int64))
+            for p in range(n)]
+
+
+@dataclass(frozen=True)
+class SelectionSpec:
+    """What the compute parties select and what they reveal (a frozen record).
+
+    ``mode``: ``"topk"`` (global top-``k`` by score, tie-break lower (shard id,
+    candidate index)), ``"threshold"`` (every valid candidate with score >=
+    ``threshold``) or ``"broadcast"`` (every valid candidate). ``reveal`` names the
+    outputs opened to the aggregator; nothing else is ever reconstructed.
+    """
+
+    mode: str
+    k: int = 5
+    threshold: float = 0.0
+    reveal: frozenset = field(default_factory=lambda: REVEALABLE)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}. Found {self.mode!r}.")
+        V.positive_int("k", self.k, minimum=1)
+        t = V.finite("threshold", self.threshold)
+        if abs(t) > SCORE_BOUND:
+            raise ValueError(f"threshold must satisfy |threshold| <= {SCORE_BOUND:g}. Found {self.threshold!r}.")
+        if isinstance(self.reveal, str) or not isinstance(self.reveal, (set, frozenset, tuple, list)):
+            raise TypeError(f"reveal must be a set of names from {sorted(REVEALABLE)}. Found {self.reveal!r}.")
+        rev = frozenset(self.reveal)
+        if not rev <= REVEALABLE:
+            raise ValueError(f"reveal must be a subset of {sorted(REVEALABLE)}. Found {sorted(rev)!r}.")
+        object.__setattr__(self, "reveal", rev)
+
+
+@dataclass(frozen=True)
+class Revealed:
+    """What the compute parties open to the aggregator for a batch of ``B`` queries.
+
+    ``sum`` (B, d): exact sum of the selected (encoded) values, decoded; ``count`` (B,):
+    number selected; ``tallies`` (B, S): per-shard number selected, columns ordered by
+    ascending global shard id (``shard_ids``). A field not named in the spec's
+    ``reveal`` is ``None``. ``stats``: ``{"seconds", "rounds", "bytes"}`` for the whole
+    batch (CrypTen communicator stats of party 0; zeros for the plaintext reference).
+    """
+
+    sum: np.ndarray | None
+    count: np.ndarray | None
+    tallies: np.ndarray | None
+    stats: dict
+    shard_ids: np.ndarray | None = None
