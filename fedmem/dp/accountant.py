@@ -224,6 +224,9 @@ class Accountant:
                 (self.name, json.dumps(payload), str(label), ts),
             )
             rid = cur.lastrowid
+        # Fold the new row in only after COMMIT succeeded: if the commit fails, in-memory
+        # state must not hold (or skip past the id of) a row that was never written.
+        with self.store.transaction() as db:
             self._sync(db)
         return Booking(rid, payload, str(label), ts)
 

@@ -85,8 +85,11 @@ class AttributeLedger:
         return float(spent[attr])
 
     def remaining(self, attr: str) -> float:
+        """B_a - L_a, computed exactly and rounded once (not from the rounded L_a)."""
         self._check_attrs([attr])
-        return float(Fraction(self._caps[attr]) - Fraction(self.spent(attr)))
+        with self.store.transaction() as db:
+            spent = self._spent_exact(db)[attr]
+        return float(Fraction(self._caps[attr]) - spent)
 
     def history(self) -> list[Charge]:
         rows = self.store.read(

@@ -17,6 +17,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from fedmem import _validate as V
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger_caps (
     ledger TEXT NOT NULL, attr TEXT NOT NULL, cap REAL NOT NULL,
@@ -38,8 +40,7 @@ class DurableStore:
     """A SQLite database holding ledgers and accountants (many of each, by name)."""
 
     def __init__(self, path: str | Path | None = None, *, timeout_s: float = 60.0):
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive. Found {timeout_s!r}.")
+        V.positive("timeout_s", timeout_s)
         self.path = None if path is None else Path(path)
         target = ":memory:" if path is None else str(path)
         if self.path is not None:
@@ -63,8 +64,14 @@ class DurableStore:
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
-            else:
+            try:
                 self._conn.execute("COMMIT")
+            except BaseException:
+                # A failed COMMIT (I/O error) leaves the transaction open: end it, so the
+                # write is definitely not applied and the next BEGIN works.
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
 
     def read(self, sql: str, params=()):
         with self._lock:

@@ -1,0 +1,248 @@
+"""Sampler distribution tests (KS / chi-square at alpha = 1e-6, fixed seeds).
+
+After OpenDP's ``rust/src/traits/samplers/test.rs``: each sampler is drawn many times
+from an injected generator and compared with its exact law; a wrong law fails by many
+orders of magnitude, a correct one passes except with probability 1e-6. Both numpy and
+torch generators are exercised.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from fedmem.dp import ExponentialMechanism, GaussianMechanism, LaplaceMechanism, MetricLaplace
+from fedmem.dp import samplers
+
+ALPHA = 1e-6
+
+
+def np_rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def torch_rng(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+RNGS = {"numpy": np_rng, "torch": torch_rng}
+
+
+def chi2_pvalue(counts: dict, pmf: dict) -> float:
+    """Chi-square goodness of fit; cells with expected count < 5 are pooled into one."""
+    n = sum(counts.values())
+    keys = sorted(pmf)
+    obs, exp = [], []
+    pool_o = pool_e = 0.0
+    for k in keys:
+        e = n * pmf[k]
+        if e >= 5:
+            obs.append(counts.get(k, 0))
+            exp.append(e)
+        else:
+            pool_o += counts.get(k, 0)
+            pool_e += e
+    pool_o += sum(c for k, c in counts.items() if k not in pmf)
+    pool_e += n * max(0.0, 1.0 - sum(pmf.values()))
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    exp = np.array(exp) * (sum(obs) / sum(exp))
+    return float(stats.chisquare(obs, exp).pvalue)
+
+
+def tally(values) -> dict:
+    vals, cnt = np.unique(np.asarray(values), return_counts=True)
+    return {int(v): int(c) for v, c in zip(vals, cnt)}
+
+
+# ------------------------------------------------------------------- fast samplers
+@pytest.mark.parametrize("which", RNGS)
+def test_fast_gaussian_matches_normal(which):
+    x = GaussianMechanism(sigma=2.5).noise((4000, 5), RNGS[which](1))
+    assert x.shape == (4000, 5)
+    assert stats.kstest(x.ravel(), stats.norm(0, 2.5).cdf).pvalue > ALPHA
+
+
+@pytest.mark.parametrize("which", RNGS)
+def test_fast_laplace_matches_laplace(which):
+    x = LaplaceMechanism(scale=0.7).noise(20_000, RNGS[which](2))
+    assert stats.kstest(x, stats.laplace(0, 0.7).cdf).pvalue > ALPHA
+
+
+def test_fast_sampler_detects_wrong_scale():
+    """The same KS check rejects a sampler at 10% too little noise (the test has power)."""
+    x = GaussianMechanism(sigma=2.25).noise(20_000, np_rng(3))
+    assert stats.kstest(x, stats.norm(0, 2.5).cdf).pvalue < ALPHA
+
+
+# ------------------------------------------------------------ exact discrete cores
+def _dlap_pmf(scale: float, lim: int) -> dict:
+    p = math.exp(-1.0 / scale)
+    return {y: (1 - p) / (1 + p) * p ** abs(y) for y in range(-lim, lim + 1)}
+
+
+def _dgauss_pmf(sigma2: float, lim: int) -> dict:
+    w = {y: math.exp(-y * y / (2 * sigma2)) for y in range(-lim, lim + 1)}
+    z = sum(w.values())
+    return {y: v / z for y, v in w.items()}
+
+
+@pytest.mark.parametrize("which", RNGS)
+@pytest.mark.parametrize("gamma", [Fraction(3, 10), Fraction(1), Fraction(27, 10)])
+def test_bernoulli_exp(which, gamma):
+    bits = samplers._Bits(RNGS[which](4))
+    n = 6000 if which == "numpy" else 2000
+    k = sum(samplers._bernoulli_exp(gamma, bits) for _ in range(n))
+    assert stats.binomtest(k, n, math.exp(-float(gamma))).pvalue > ALPHA
+
+
+def test_uniform_bits_below_non_power_of_two():
+    bits = samplers._Bits(np_rng(5))
+    counts = tally([bits.below(7) for _ in range(7000)])
+    assert set(counts) == set(range(7))
+    assert chi2_pvalue(counts, {i: 1 / 7 for i in range(7)}) > ALPHA
+
+
+@pytest.mark.parametrize("which", RNGS)
+def test_discrete_laplace_pmf(which):
+    bits = samplers._Bits(RNGS[which](6))
+    n = 8000 if which == "numpy" else 3000
+    draws = [samplers._discrete_laplace(2, 3, bits) for _ in range(n)]  # scale t/s = 1.5
+    assert chi2_pvalue(tally(draws), _dlap_pmf(1.5, 30)) > ALPHA
+
+
+@pytest.mark.parametrize("which", RNGS)
+def test_discrete_gaussian_pmf(which):
+    bits = samplers._Bits(RNGS[which](7))
+    n = 8000 if which == "numpy" else 3000
+    draws = [samplers._discrete_gaussian(Fraction(5, 2), bits) for _ in range(n)]
+    assert chi2_pvalue(tally(draws), _dgauss_pmf(2.5, 20)) > ALPHA
+
+
+def test_discrete_gaussian_chi2_has_power():
+    """sigma^2 = 2 draws fail against the sigma^2 = 2.5 law: the chi-square check can fail."""
+    bits = samplers._Bits(np_rng(8))
+    draws = [samplers._discrete_gaussian(Fraction(2), bits) for _ in range(8000)]
+    assert chi2_pvalue(tally(draws), _dgauss_pmf(2.5, 20)) < ALPHA
+
+
+# ------------------------------------------------------------ secure, full scale
+@pytest.mark.parametrize("which", RNGS)
+def test_secure_gaussian_matches_normal(which):
+    x = GaussianMechanism(sigma=3.0).noise(3000, RNGS[which](9), sampling="secure")
+    # The grid step is 3 * 2**-21 < 1e-6: indistinguishable from N(0, 9) by KS at this n.
+    assert stats.kstest(x, stats.norm(0, 3.0).cdf).pvalue > ALPHA
+
+
+@pytest.mark.parametrize("which", RNGS)
+def test_secure_laplace_matches_laplace(which):
+    x = LaplaceMechanism(scale=0.3).noise(3000, RNGS[which](10), sampling="secure")
+    assert stats.kstest(x, stats.laplace(0, 0.3).cdf).pvalue > ALPHA
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "laplace"])
+def test_secure_release_outputs_are_exact_grid_points(kind):
+    mech = GaussianMechanism(sigma=1.3) if kind == "gaussian" else LaplaceMechanism(scale=1.3)
+    x = np_rng(11).normal(size=64) * 100
+    out = mech.release(x, np_rng(12), sampling="secure")
+    g = samplers.grid_granularity(1.3)
+    units = out / g
+    assert np.all(units == np.round(units))          # exact integers: no low-order float bits
+    assert np.all(np.abs(units) < 2 ** 53)
+    assert out.shape == x.shape
+    assert np.max(np.abs(out - x)) < 20 * 1.3            # noise of the right size, not garbage
+
+
+def test_secure_release_rejects_values_beyond_exact_range():
+    with pytest.raises(ValueError, match="value is too large"):
+        GaussianMechanism(sigma=1.0).release([1e12], np_rng(13), sampling="secure")
+
+
+def test_sampling_mode_is_validated():
+    with pytest.raises(ValueError, match="sampling"):
+        GaussianMechanism(sigma=1.0).release([0.0], np_rng(), sampling="exact")
+
+
+@pytest.mark.parametrize("which", RNGS)
+def test_samplers_are_deterministic_given_the_generator(which):
+    mech = LaplaceMechanism(scale=1.0)
+    for mode in ("fast", "secure"):
+        a = mech.release(np.zeros(16), RNGS[which](14), sampling=mode)
+        b = mech.release(np.zeros(16), RNGS[which](14), sampling=mode)
+        np.testing.assert_array_equal(a, b)
+
+
+# ------------------------------------------------------------ exponential mechanism
+@pytest.mark.parametrize("which", RNGS)
+def test_em_frequencies_match_softmax(which):
+    u = np.array([0.0, 1.0, 2.5, -1.0, 0.3, 2.0])
+    em = ExponentialMechanism(epsilon=1.7, sensitivity=0.8)
+    p = np.exp(1.7 * u / 1.6)
+    p /= p.sum()
+    np.testing.assert_allclose(em.probabilities(u), p, rtol=1e-12)
+    rng = RNGS[which](15)
+    counts = tally([em.select(u, rng) for _ in range(20_000)])
+    assert chi2_pvalue(counts, dict(enumerate(p))) > ALPHA
+
+
+def test_em_chi2_has_power():
+    u = np.array([0.0, 1.0, 2.5, -1.0, 0.3, 2.0])
+    wrong = ExponentialMechanism(epsilon=1.7 * 1.2, sensitivity=0.8)
+    rng = np_rng(16)
+    counts = tally([wrong.select(u, rng) for _ in range(20_000)])
+    p = ExponentialMechanism(epsilon=1.7, sensitivity=0.8).probabilities(u)
+    assert chi2_pvalue(counts, dict(enumerate(p))) < ALPHA
+
+
+def test_em_is_stable_for_huge_utilities():
+    em = ExponentialMechanism(epsilon=1.0, sensitivity=1.0)
+    p = em.probabilities([1e300, 1e300 - 1e290, 0.0])
+    assert np.all(np.isfinite(p)) and p[0] == pytest.approx(1.0)
+    assert em.select([1e6, 0.0], np_rng()) == 0
+    with pytest.raises(ValueError, match="utilities are too large"):
+        ExponentialMechanism(epsilon=8.0, sensitivity=1.0).probabilities([1e308, 0.0])
+
+
+# --------------------------------------------------------------- metric-DP Laplace
+@pytest.mark.parametrize("which", RNGS)
+@pytest.mark.parametrize("dim", [1, 3, 16])
+def test_metric_laplace_radius_is_gamma(which, dim):
+    eps = 0.8
+    z = MetricLaplace(eps, dim).sample(RNGS[which](17), 5000)
+    assert z.shape == (5000, dim)
+    r = np.linalg.norm(z, axis=1)
+    assert stats.kstest(r, stats.gamma(a=dim, scale=1 / eps).cdf).pvalue > ALPHA
+    # Power: the radius law of dimension dim - 1 or dim + 1 is rejected.
+    assert stats.kstest(r, stats.gamma(a=dim + 1, scale=1 / eps).cdf).pvalue < ALPHA
+
+
+@pytest.mark.parametrize("which", RNGS)
+@pytest.mark.parametrize("dim", [2, 3, 10])
+def test_metric_laplace_direction_is_uniform(which, dim):
+    """Projection of a uniform unit vector on a fixed axis: (t + 1)/2 ~ Beta((d-1)/2, (d-1)/2)."""
+    z = MetricLaplace(1.0, dim).sample(RNGS[which](18), 5000)
+    u = z / np.linalg.norm(z, axis=1, keepdims=True)
+    axis = np.ones(dim) / math.sqrt(dim)
+    for t in (u[:, 0], u @ axis):
+        law = stats.beta((dim - 1) / 2, (dim - 1) / 2)
+        assert stats.kstest((t + 1) / 2, law.cdf).pvalue > ALPHA
+
+
+def test_metric_laplace_single_draw_shape():
+    z = MetricLaplace(1.0, 4).sample(np_rng(19))
+    assert z.shape == (4,)
+
+
+def test_rounding_slack_is_an_upper_bound():
+    """The secure release's inflation uses a rational sqrt(d) that is never below sqrt(d)."""
+    for d in [1, 2, 3, 4, 5, 127, 128, 10**6, 10**6 + 1, 2**53 - 1]:
+        r = samplers._sqrt_up(d)
+        assert r * r >= d
+        if math.isqrt(d) ** 2 == d:
+            assert r * r == d
