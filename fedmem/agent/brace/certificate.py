@@ -1,0 +1,296 @@
+"""BRACE's sensitivity certificate Delta_bar_t (papers/001 Step 5, Def. 2, Eq. (7), App. B).
+
+For a fixed released history ``y_<t`` the query of step t is
+``Q_t(B) = Pi_{B(y_{t-1}, r)}(a_t + H_t R_t)`` with ``a_t = Phi_B(y_{t-1})``,
+``R_t = z_t(B) - a_t`` and ``H_t = 1{||R_t|| > tau}``, ``tau = sqrt(kappa T) r``.
+The certificate must (i) dominate the local sensitivity of ``Q_t`` at the private bank
+and (ii) change by at most a factor ``e^gamma`` between neighbouring banks (Eq. (6)); the
+Gaussian calibration of App. C.2 needs nothing else.
+
+How fedmem builds it (always computable, never "unresolved")
+------------------------------------------------------------
+Following Nissim, Raskhodnikova and Smith (2007, Sec. 3) we compute, for every
+``k = 0..K``, a bound ``A^(k)(D) >= sup {LS(B) : d_H(D, B) <= k}`` and release::
+
+    Delta_bar_t = max{ 2r/n, max_k e^{-gamma k} A^(k)(D) }                       (Eq. (7))
+
+which is Eq. (7) with each inner supremum replaced by ``A^(k)``. It is a valid smooth
+bound because (a) ``A^(0) >= LS`` and (b) ``A^(k)(D) <= A^(k+1)(D')`` for neighbours
+``D ~ D'`` (both are proved below and checked by ``tests/test_brace.py``); (b) gives
+``Delta_bar_t(D) <= e^gamma Delta_bar_t(D')`` term by term. Terms with
+``e^{-gamma k} 2r <= 2r/n`` never exceed the floor, so ``K = min(n, ceil(ln n / gamma))``.
+
+``A^(k)`` has two branches.
+
+* **Count branch** (Step 5, first case). If no bank within distance ``k + 1`` of ``D``
+  can activate the correction at step t, every bank within ``k`` and all of its
+  neighbours have ``Q_t = a_t``, and Eq. (4) gives ``LS(B) <= 2r / max(1, |I(B, y_{t-1})|)
+  <= c_k = 2r / max(1, m_t - k)`` with ``m_t = |I(D, y_{t-1})|``. When activation is
+  impossible for every bank (``(2t + 1) r <= tau``: ``||R_t|| <= ||z_t - y_{t-1}|| + r``,
+  ``||z_t - q|| <= t r`` and ``||y_{t-1} - q|| <= t r``) the envelope has the closed form
+  ``2r max{1/m_t, e^{-gamma (m_t - 1)}}`` (the log of ``e^{-gamma k}/(m-k)`` is convex).
+
+* **Activated / uncertain branch** (replaces the CorrectedCountSearch of App. B). With
+  ``g_{k+1} >= sup ||R_t(B)||`` over banks within ``k + 1``: when both ``B`` and its
+  neighbour activate, ``||Q_t(B) - Q_t(B')|| <= ||R_t(B)|| + ||a_t(B) - a_t(B')|| +
+  ||R_t(B')|| <= 2 g_{k+1} + c_k`` (projection is non-expansive); when only one does,
+  the bound is ``g_{k+1} + c_k``; always ``<= 2r`` (both queries lie in ``B(y_{t-1}, r)``).
+  So ``A^(k) = min{2r, 2 g_{k+1} + c_k}``.
+
+``g_j`` bounds the clean-vs-released gate discrepancy using only *public* centres. Let
+``W_s(j) >= sup ||z_s(B) - y_s||`` over banks within ``j`` (``W_0 = 0``). For a centre
+``c`` with ``||c - y|| <= w`` the gate at ``c`` differs from the gate at ``y`` only by
+records in the annuli ``r - w < ||x - y|| <= r`` (leaving, at distance <= 2r from the
+old mean) and ``r < ||x - y|| <= r + w`` (entering, <= 2r + w from it), so with ``u``
+leaving and ``v`` entering::
+
+    ||Phi_B(c) - Phi_B(y)|| <= (v (2r + w) + 2r u) / (m - u + v)   (<= 2r + w always)
+
+Over banks within ``j`` the gate count is at least ``m - j`` and each annulus holds at
+most ``j`` more records; the supremum of the ratio over that set is ``G(j, w)`` (if the
+gate can be emptied, ``G = 2r + w``). Then ``g_j = G_t(j, W_{t-1}(j))`` and::
+
+    W_s(j) = min{ s r + ||q - y_s||,
+                  G_s(j, W_{s-1}(j)) + min{ r + ||y_{s-1} - y_s||,
+                                            ||a_s(D) - y_s|| + sum_{i<j} 2r / max(1, m_s - i) } }
+
+Every term is non-decreasing in ``j``, in ``w`` and in the annulus counts and
+non-increasing in ``m``; a neighbour changes each count by at most one and ``a_s`` by at
+most ``2r / max(1, m_s(D'))``, which is what (b) needs. Where fedmem is more
+conservative than the paper: the branch search of App. B would give the exact local
+sensitivity on activated steps; this bound can be larger (it is what makes it always
+computable in ``O(T K n log n)``). Where it is less conservative: the count branch asks
+for non-activation at step ``t`` only, not at all ``s <= t`` as Step 5 states; this is
+still valid because ``Q_t`` depends on ``H_t`` alone for a fixed history.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedmem.agent.brace.params import BraceParams
+
+CERTIFICATES = ("brace", "raw_count")
+
+
+def activation_impossible(params: BraceParams) -> bool:
+    """True when ``(2T + 1) r <= tau``: no bank can activate the correction at any step."""
+    return (2 * params.T + 1) * params.r <= params.threshold
+
+
+def horizon(n: int, gamma: float) -> int:
+    """Largest distance ``K`` whose envelope term can exceed the floor ``2r/n``."""
+    return int(min(n, math.ceil(math.log(max(n, 1)) / gamma)))
+
+
+def count_envelope(m: np.ndarray, r: float, gamma: float) -> np.ndarray:
+    """``max_{k>=0} e^{-gamma k} 2r / max(1, m - k)`` in closed form (count branch only)."""
+    m = np.asarray(m, dtype=np.float64)
+    ms = np.maximum(m, 1.0)
+    return np.where(m >= 1, 2 * r * np.maximum(1.0 / ms, np.exp(-gamma * (ms - 1))), 2 * r)
+
+
+def smooth_envelope(A: np.ndarray, gamma: float) -> np.ndarray:
+    """``max_k e^{-gamma k} A[..., k]`` (Eq. (7) with the inner suprema ``A``)."""
+    k = np.arange(A.shape[-1])
+    return np.max(A * np.exp(-gamma * k), axis=-1)
+
+
+class SortedRows:
+    """Each row's distances sorted and laid end to end with offsets ``b * BIG`` so that
+    :meth:`count_le` is one vectorised ``searchsorted`` for all rows."""
+
+    def __init__(self, dists: np.ndarray):
+        self.rows = np.sort(dists, axis=1)
+        B, self.n = self.rows.shape
+        self.big = 2.0 ** math.ceil(math.log2(float(self.rows[:, -1].max()) + 4.0))
+        self.offs = (np.arange(B, dtype=np.float64) * self.big)[:, None]
+        self.flat = (self.rows + self.offs).ravel()
+        self.eta = 8 * np.spacing(B * self.big)
+
+    def count_le(self, thresholds: np.ndarray, widen: int) -> np.ndarray:
+        """``#{x in row b : x <= thresholds[b, i] + widen * eta}``.
+
+        Adding the offsets rounds, so the threshold is moved by ``eta`` (a few ulps of
+        the largest offset) in the direction ``widen`` (+1: count at least the exact
+        number, -1: at most), which keeps every count on the conservative side of the
+        certificate. It is still a count of the row below a fixed threshold, so one
+        replaced record changes it by at most one.
+        """
+        thr = np.clip(thresholds + widen * self.eta, -1.0, self.big - 2.0)
+        idx = np.searchsorted(self.flat, (thr + self.offs).ravel(), side="right").reshape(thresholds.shape)
+        return idx - (np.arange(self.rows.shape[0]) * self.n)[:, None]
+
+
+def gate_shift_bound(sorted_d: SortedRows, m: np.ndarray, w: np.ndarray, r: float,
+                     j: np.ndarray | None = None) -> np.ndarray:
+    """``G(j, w_j)``: sup of ``||Phi_B(c) - Phi_B(y)||`` over ``||c - y|| <= w_j`` and banks
+    within ``j`` replacements of D; ``sorted_d`` are D's sorted distances to ``y``.
+
+    ``w`` has shape ``(B, L)``; column ``i`` belongs to the distance ``j[i]``
+    (default ``j = 0..L-1``).
+    """
+    B, L = w.shape
+    j = (np.arange(L) if j is None else np.asarray(j))[None, :].astype(np.float64)
+    tol = 1e-9 * max(r, 1.0)
+    le_lo = sorted_d.count_le(r - w - tol, -1)
+    le_hi = sorted_d.count_le(r + w + tol, +1)
+    mm = m[:, None].astype(np.float64)
+    n_in = np.maximum(mm - le_lo, 0) + j
+    n_out = np.maximum(le_hi - mm, 0) + j
+    mh = mm - j
+    cap = 2 * r + w
+    ok = mh > n_in
+    f0 = 2 * r * n_in / np.where(ok, mh - n_in, 1.0)
+    f1 = (n_out * (2 * r + w) + 2 * r * n_in) / np.where(ok, mh - n_in + n_out, 1.0)
+    G = np.where(ok, np.minimum(cap, np.maximum(f0, f1)), cap)
+    return np.where(w > 0, G, 0.0)
+
+
+class Certifier:
+    """Per-step certificates for a batch of BRACE runs on one bank ``X``.
+
+    Call :meth:`step` once per step ``t = 1..T`` with the released ``Y_{t-1}`` and the
+    gate statistics at it. ``mode="raw_count"`` is the deliberately broken variant used
+    by the privacy tests: it always takes the count branch, even where the correction
+    can activate (its envelope is still Eq. (7) of the count bound).
+
+    The terms ``A^(k)`` are evaluated in blocks of ``block`` distances, and evaluation
+    stops once ``e^{-gamma k} 2r`` (an upper bound on every later term) is at most the
+    running maximum of every row, so the envelope is exact.
+    """
+
+    def __init__(self, X: np.ndarray, q: np.ndarray, params: BraceParams, mode: str = "brace",
+                 keep_terms: bool = False, block: int = 128):
+        if mode not in CERTIFICATES:
+            raise ValueError(f"certificate must be one of {CERTIFICATES}. Found {mode!r}.")
+        self.X = X
+        self.n = X.shape[0]
+        self.q = np.atleast_2d(q)
+        self.p = params
+        self.mode = mode
+        self.needs_search = mode == "brace" and not activation_impossible(params)
+        self.K = horizon(self.n, params.gamma)
+        self.block = block
+        self._stats: list[tuple] = []   # per past step s: (sorted dists at y_{s-1}, m_s, a_s, y_{s-1})
+        self._ys: list[np.ndarray] = []  # released y_1, y_2, ...
+        self.keep_terms = keep_terms
+        self.last_terms: np.ndarray | None = None  # A^(k), k = 0..K, of the last step
+
+    def _w(self, j: np.ndarray) -> np.ndarray:
+        """``W_{t-1}(j)`` for the distances ``j`` (recursion over the stored steps)."""
+        r = self.p.r
+        B = self.q.shape[0]
+        W = np.zeros((B, j.size))
+        for s, ((sorted_d, m, a, y_prev), y_s) in enumerate(zip(self._stats, self._ys), start=1):
+            G = gate_shift_bound(sorted_d, m, W, r, j)
+            i = np.arange(int(j.max()))[None, :]
+            csum = np.concatenate([np.zeros((B, 1)), np.cumsum(2 * r / np.maximum(1.0, m[:, None] - i), axis=1)],
+                                  axis=1)
+            shift = csum[:, j]
+            a_hat = np.minimum((r + np.linalg.norm(y_prev - y_s, axis=1))[:, None],
+                               np.linalg.norm(a - y_s, axis=1)[:, None] + shift)
+            trivial = (s * r + np.linalg.norm(self.q - y_s, axis=1))[:, None]
+            W = np.minimum(trivial, G + a_hat)
+        return W
+
+    def step(self, t: int, y_prev: np.ndarray, sq: np.ndarray, m: np.ndarray, a: np.ndarray):
+        """Certificate for step ``t``. Returns ``(delta_bar (B,), uncertain (B,))``.
+
+        ``uncertain[b]`` is True when activation could not be excluded for all
+        neighbours of the private bank (the count bound was not usable at ``k = 0``).
+        """
+        r, gamma = self.p.r, self.p.gamma
+        floor = 2 * r / self.n
+        if not self.needs_search:
+            if self.keep_terms:
+                k = np.arange(self.K + 1)[None, :]
+                self.last_terms = 2 * r / np.maximum(1.0, m[:, None] - k)
+            S = count_envelope(m, r, gamma)
+            return np.maximum(floor, S), np.zeros(m.shape[0], dtype=bool)
+        if t >= 2:
+            self._ys.append(y_prev)
+        sorted_d = SortedRows(np.sqrt(sq))
+        B = m.shape[0]
+        S = np.full(B, floor)
+        uncertain = np.zeros(B, dtype=bool)
+        terms = []
+        for k0 in range(0, self.K + 1, self.block):
+            if not self.keep_terms and np.all(2 * r * np.exp(-gamma * k0) <= S):
+                break
+            k = np.arange(k0, min(k0 + self.block, self.K + 1))
+            g = gate_shift_bound(sorted_d, m, self._w(k + 1), r, k + 1)   # g_{k+1}
+            c = 2 * r / np.maximum(1.0, m[:, None] - k[None, :])
+            safe = g <= self.p.threshold
+            A = np.where(safe, c, np.minimum(2 * r, 2 * g + c))
+            S = np.maximum(S, np.max(A * np.exp(-gamma * k)[None, :], axis=1))
+            if k0 == 0:
+                uncertain = ~safe[:, 0]
+            if self.keep_terms:
+                terms.append(A)
+        if self.keep_terms:
+            self.last_terms = np.concatenate(terms, axis=1)
+        self._stats.append((sorted_d, m, a, y_prev))
+        return S, uncertain
+
+
+# ------------------------------------------------------------------ brute force (audit)
+def _phi_banks(X: np.ndarray, c: np.ndarray, r: float) -> np.ndarray:
+    """``Phi_{X[b]}(c[b])`` for a stack of banks ``(M, n, d)`` and centres ``(M, d)``."""
+    diff = X - c[:, None, :]
+    mask = np.sum(diff * diff, axis=2) <= r * r
+    cnt = mask.sum(1)
+    s = np.einsum("mn,mnd->md", mask.astype(np.float64), X)
+    return np.where(cnt[:, None] > 0, s / np.maximum(cnt, 1)[:, None], c)
+
+
+def query_point(X: np.ndarray, q: np.ndarray, ys: np.ndarray, params: BraceParams) -> np.ndarray:
+    """``Q_t(B; y_<t)`` (Steps 1-4) for a stack of banks ``X`` of shape ``(M, n, d)``.
+
+    ``ys`` is the released history ``(y_0 = q, ..., y_{t-1})`` of shape ``(t, d)``. Used by
+    the brute-force local-sensitivity audit (tiny banks).
+    """
+    r = params.r
+    M, _, d = X.shape
+    t = ys.shape[0]
+    z = np.repeat(np.asarray(q, dtype=np.float64)[None, :], M, axis=0)
+    for _ in range(t):
+        z = _phi_banks(X, z, r)
+    y = np.repeat(ys[-1][None, :], M, axis=0)
+    a = _phi_banks(X, y, r)
+    R = z - a
+    H = (np.sum(R * R, axis=1) > params.threshold ** 2)[:, None]
+    target = a + H * R
+    diff = target - y
+    norm = np.linalg.norm(diff, axis=1, keepdims=True)
+    return y + diff * np.where(norm > r, r / np.where(norm > 0, norm, 1.0), 1.0)
+
+
+def certificate_terms(X: np.ndarray, q: np.ndarray, ys: np.ndarray, params: BraceParams,
+                      mode: str = "brace") -> tuple[np.ndarray, float]:
+    """``(A^(k) for k = 0..K, Delta_bar_t)`` at step ``t = len(ys)`` for the fixed history
+    ``ys = (y_0 = q, ..., y_{t-1})`` (one bank; used by the audits)."""
+    from fedmem.agent.brace.lsr import phi
+
+    cert = Certifier(X, np.asarray(q, dtype=np.float64)[None, :], params, mode=mode, keep_terms=True)
+    db = None
+    for t in range(1, ys.shape[0] + 1):
+        y = ys[t - 1][None, :]
+        a, m, sq = phi(X, y, params.r)
+        db, _ = cert.step(t, y, sq, m, a)
+    return cert.last_terms[0], float(db[0])
+
+
+def brute_force_local_sensitivity(X: np.ndarray, q: np.ndarray, ys: np.ndarray, params: BraceParams,
+                                  grid: np.ndarray) -> float:
+    """``max_{j, x in grid} ||Q_t(X) - Q_t(X^{j <- x})||``: a lower bound on the local
+    sensitivity of ``Q_t`` (exact as the grid refines, by the localisation of App. B.3)."""
+    n = X.shape[0]
+    base = query_point(X[None], q, ys, params)[0]
+    banks = np.repeat(X[None], n * len(grid), axis=0)
+    for j in range(n):
+        banks[j * len(grid):(j + 1) * len(grid), j] = grid
+    qs = query_point(banks, q, ys, params)
+    return float(np.max(np.linalg.norm(qs - base, axis=1)))

@@ -1,0 +1,393 @@
+"""BRACE experiments (papers/001 Sec. 6): ``brace.synthetic`` and ``brace.digits``.
+
+``brace.synthetic`` (Sec. 6.1): boundary-induced mode switching on a three-component
+Gaussian mixture in R^2; noiseless DAM vs Naive DAM vs BRACE (and global-noise DAM) on
+shared innovations; per-step per-coordinate squared error relative to noiseless DAM,
+over many paired noise draws plus one illustrative trajectory plot.
+
+``brace.digits`` (Sec. 6.2): retrieval under strong query corruption ``q = x + 3u`` on
+2 PCA coordinates of scikit-learn's digits (stand-in for the MNIST-VAE features), over
+a beta x T x epsilon grid with paired repetitions; prediction MSE (vs ``x``) and
+fidelity MSE (vs the noiseless endpoint ``z_T``) with query-cluster bootstrap CIs,
+figures like Figures 2-3 and a minima table beside the paper's numbers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedmem.agent.brace.baselines import clean_endpoint_noise, iterative_baseline
+from fedmem.agent.brace.lsr import clean_trajectory
+from fedmem.agent.brace.mechanism import NoiseSource, brace_run
+from fedmem.agent.brace.params import BraceParams, gamma_max
+from fedmem.dp import samplers
+from fedmem.report import Result, Table
+from fedmem.scenario import Experiment, Param, at_least, each, nonempty, nonnegative, open_unit, positive
+
+PAPER_BETAS = sorted([10 ** (j / 5) for j in range(-30, 16)] + [12.7427, 20.6914])
+PAPER_MINIMA = {  # papers/001 Sec. 6.2, MNIST-VAE features
+    "corrupted input": 8.759678, "noiseless DAM": 1.582947, "BRACE": 1.582963,
+    "Naive DAM": 1.582963, "global-noise DAM": 6.327462, "clean endpoint + noise": 7.870764,
+}
+
+
+def _gamma(cfg_gamma: float) -> float | None:
+    return None if cfg_gamma == 0 else cfg_gamma
+
+
+def _params(r, T, eps, delta, d, kappa, gamma) -> BraceParams:
+    return BraceParams(r=r, T=T, epsilon=eps, delta=delta, d=d, kappa=kappa, gamma=_gamma(gamma))
+
+
+def _gamma_check(eps_list, delta, T_list, d, gamma, key) -> list[tuple[str, str]]:
+    if gamma == 0:
+        return []
+    out = []
+    for e in eps_list:
+        for T in T_list:
+            g = gamma_max(e, delta, T, d)
+            if gamma > g:
+                out.append((key, f"gamma={gamma} violates Eq. (8) for epsilon={e}, T={T}, d={d} "
+                                 f"(largest valid gamma {g:.4g}); use 0 for the largest valid value"))
+    return out
+
+
+def _bank_chunks(X, starts, params, normals, certificate="brace", clean=None, chunk=4096):
+    """brace_run over row chunks (bounded memory); returns (Y, delta_bar, activated, uncertain)."""
+    parts = []
+    for s in range(0, starts.shape[0], chunk):
+        e = s + chunk
+        parts.append(brace_run(X, starts[s:e], params, NoiseSource(normals=normals[s:e]), certificate=certificate,
+                               clean=None if clean is None else clean[:, s:e]))
+    cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
+    return cat("Y"), cat("delta_bar"), cat("activated"), cat("uncertain")
+
+
+# ================================================================== synthetic (Sec. 6.1)
+SYN_SCHEMA = {
+    "data": {
+        "n": Param(int, 256, "memories in the bank", check=at_least(2)),
+        "mode_std": Param(float, 0.3, "std of the two dominant modes at (+-1, 0)", check=positive),
+        "bridge_std": Param(list, [0.5, 0.2], "std (x, y) of the central connecting component",
+                            item_type=float, check=each(positive)),
+        "bridge_weight": Param(float, 0.2, "weight of the central component", check=open_unit),
+    },
+    "query": {
+        "q": Param(list, [-0.25, 0.25], "initial query of the plotted trajectory", item_type=float),
+        "sweep_x": Param(list, [-0.6, 0.6], "x-range of the query sweep (y = q[1]) for the averaged errors",
+                         item_type=float),
+        "sweep_points": Param(int, 25, "queries in the sweep", check=positive),
+    },
+    "mechanism": {
+        "r": Param(float, 0.8, "LSR radius r = sqrt(2/beta) (paper: 0.8, beta = 3.125)", check=positive),
+        "T": Param(int, 5, "retrieval horizon", check=positive),
+        "epsilon": Param(float, 128.0, "privacy epsilon of the whole trajectory", check=positive),
+        "delta": Param(float, 1e-5, "privacy delta", check=open_unit),
+        "kappa": Param(float, 0.003, "activation threshold kappa (Eq. (2)); the paper's instance activates "
+                                     "at ||R_2|| = 0.125, so kappa < 0.0049 at r = 0.8, T = 5", check=positive),
+        "gamma": Param(float, 0.0, "smoothing parameter; 0 = largest value allowed by Eq. (8)", check=nonnegative),
+    },
+    "repetitions": Param(int, 200, "paired noise draws (the first one is plotted)", check=positive),
+}
+
+
+def _syn_cross(cfg):
+    m = cfg.mechanism
+    out = _gamma_check([m.epsilon], m.delta, [m.T], 2, m.gamma, "mechanism.gamma")
+    if len(cfg.query.sweep_x) != 2:
+        out.append(("query.sweep_x", f"must be [low, high], found {cfg.query.sweep_x!r}"))
+    if len(cfg.query.q) != 2:
+        out.append(("query.q", f"must have 2 coordinates, found {len(cfg.query.q)}"))
+    if len(cfg.data.bridge_std) != 2:
+        out.append(("data.bridge_std", f"must have 2 entries, found {len(cfg.data.bridge_std)}"))
+    return out
+
+
+def make_mixture(n: int, mode_std: float, bridge_std, bridge_weight: float, rng) -> np.ndarray:
+    """Two dominant modes at (+-1, 0) plus a broader central component connecting them."""
+    comp = rng.choice(3, size=n, p=[(1 - bridge_weight) / 2, (1 - bridge_weight) / 2, bridge_weight])
+    centers = np.array([[-1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    stds = np.array([[mode_std, mode_std], [mode_std, mode_std], list(bridge_std)])
+    return centers[comp] + rng.standard_normal((n, 2)) * stds[comp]
+
+
+def run_synthetic(cfg, ctx) -> Result:
+    m = cfg.mechanism
+    X = make_mixture(cfg.data.n, cfg.data.mode_std, cfg.data.bridge_std, cfg.data.bridge_weight, ctx.rng("data"))
+    params = _params(m.r, m.T, m.epsilon, m.delta, 2, m.kappa, m.gamma)
+    R = cfg.repetitions
+    q = np.repeat(np.asarray(cfg.query.q, dtype=np.float64)[None, :], R, axis=0)
+    normals = samplers.gaussian(1.0, (R, m.T, 2), ctx.rng("innovations"))  # shared by the noisy methods
+    z = clean_trajectory(X, q[:1], m.r, m.T)[:, 0]                            # (T+1, 2)
+    run = brace_run(X, q, params, NoiseSource(normals=normals))
+    naive = iterative_baseline(X, q, params, normals, "count")
+    glob = iterative_baseline(X, q, params, normals, "global")
+    err = lambda Y, zz: np.sum((Y - zz) ** 2, axis=2) / 2  # noqa: E731  (rows, T) per-coordinate
+    e_b, e_n, e_g = err(run.Y, z[None, 1:]), err(naive, z[None, 1:]), err(glob, z[None, 1:])
+    # query sweep: every query of the line gets the same R innovations
+    xs = np.linspace(cfg.query.sweep_x[0], cfg.query.sweep_x[1], cfg.query.sweep_points)
+    qs = np.stack([xs, np.full_like(xs, cfg.query.q[1])], axis=1)
+    Qs = np.repeat(qs, R, axis=0)
+    ns = np.tile(normals, (len(xs), 1, 1))
+    zs = clean_trajectory(X, qs, m.r, m.T)                                   # (T+1, S, 2)
+    zs_rep = np.repeat(zs, R, axis=1)
+    zt = np.transpose(zs_rep[1:], (1, 0, 2))
+    Yb, db, act, unc = _bank_chunks(X, Qs, params, ns, clean=zs_rep)
+    s_b, s_n = err(Yb, zt), err(iterative_baseline(X, Qs, params, ns, "count"), zt)
+    s_g = err(iterative_baseline(X, Qs, params, ns, "global"), zt)
+    rows = []
+    for t in range(m.T):
+        rows.append([t + 1, e_n[0, t], e_b[0, t], float(e_n[:, t].mean()), float(e_b[:, t].mean()),
+                     float(s_n[:, t].mean()), float(s_b[:, t].mean()), float(s_g[:, t].mean()),
+                     float(act[:, t].mean()), float(unc[:, t].mean()), float(np.median(db[:, t]))])
+    # membership changes at step 2 of the illustrative draw (Sec. 6.1 narrative)
+    from fedmem.agent.brace.lsr import sq_dists
+    y1 = run.Y[0, 0]
+    gz = sq_dists(X, z[1][None])[0] <= m.r ** 2
+    gy = sq_dists(X, y1[None])[0] <= m.r ** 2
+    first_pert = float(np.linalg.norm(y1 - z[1]))
+    metrics = {
+        "gamma": params.gamma, "threshold_tau": params.threshold, "noise_multiplier": params.noise_multiplier,
+        "first_perturbation_norm": first_pert, "step2_left_clean_gate": int(np.sum(gz & ~gy)),
+        "step2_entered_released_gate": int(np.sum(gy & ~gz)), "step2_gate_sizes": [int(gz.sum()), int(gy.sum())],
+        "final_error_naive_mean": float(e_n[:, -1].mean()), "final_error_brace_mean": float(e_b[:, -1].mean()),
+        "final_error_global_mean": float(e_g[:, -1].mean()),
+        "final_error_naive_draw0": float(e_n[0, -1]), "final_error_brace_draw0": float(e_b[0, -1]),
+        "naive_error_grows": bool(e_n[:, -1].mean() > e_n[:, 0].mean()),
+        "sweep_final_error": {"naive": float(s_n[:, -1].mean()), "brace": float(s_b[:, -1].mean()),
+                              "global": float(s_g[:, -1].mean())},
+        "sweep_naive_error_grows": bool(s_n[:, -1].mean() > s_n[:, 0].mean()),
+        "sweep_naive_share_final_error_above_0.1": float(np.mean(s_n[:, -1] > 0.1)),
+        "sweep_brace_share_final_error_above_0.1": float(np.mean(s_b[:, -1] > 0.1)),
+        "activation_rate": float(act.mean()), "uncertain_rate": float(unc.mean()),
+    }
+    _plot_synthetic(ctx, X, z, run.Y[0], naive[0], q[0], e_n, e_b, e_g, m.r)
+    note = (f"Per-coordinate squared error ||Y_t - z_t||^2 / 2 relative to noiseless DAM; draw 0 is the plotted "
+            f"trajectory, 'q mean' columns average {R} paired noise draws at q, 'sweep' columns average "
+            f"{len(xs)} queries on x in {list(cfg.query.sweep_x)} (y = {cfg.query.q[1]}) x {R} draws; rates and "
+            f"Delta_bar are over the sweep. gamma = {params.gamma:.4g} (Eq. (8)), "
+            f"tau = sqrt(kappa T) r = {params.threshold:.4g}. Paper (one draw): Naive 0.08445 -> 0.42699 -> 1.00503 "
+            f"at steps 3-5, BRACE final 0.01222.")
+    return Result(metrics=metrics, tables=[Table(
+        "Per-step error relative to noiseless DAM",
+        ["step", "Naive (draw 0)", "BRACE (draw 0)", "Naive q mean", "BRACE q mean", "Naive sweep", "BRACE sweep",
+         "global sweep", "BRACE H_t rate", "activation not excluded", "median Delta_bar"], rows, note=note)])
+
+
+def _plot_synthetic(ctx, X, z, yb, yn, q, e_n, e_b, e_g, r):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.5))
+    ax[0].scatter(X[:, 0], X[:, 1], s=6, c="0.75", label="memories")
+    for path, style, lab in ((z, "k-o", "noiseless DAM"), (np.vstack([q, yn]), "r-s", "Naive DAM"),
+                             (np.vstack([q, yb]), "b-^", "BRACE")):
+        ax[0].plot(path[:, 0], path[:, 1], style, ms=4, lw=1.2, label=lab)
+    ax[0].add_patch(plt.Circle(q, r, fill=False, ls=":", color="0.4"))
+    ax[0].set_aspect("equal")
+    ax[0].legend(fontsize=8)
+    ax[0].set_title("trajectories (draw 0)")
+    steps = np.arange(1, e_n.shape[1] + 1)
+    for e, c, lab in ((e_n, "r", "Naive DAM"), (e_b, "b", "BRACE"), (e_g, "g", "global-noise DAM")):
+        ax[1].plot(steps, e.mean(0), c + "-o", label=f"{lab} (mean)")
+        ax[1].plot(steps, e[0], c + ":", alpha=0.7, label=f"{lab} (draw 0)")
+    ax[1].set_yscale("log")
+    ax[1].set_xlabel("update t")
+    ax[1].set_ylabel("per-coordinate squared error vs noiseless")
+    ax[1].legend(fontsize=7)
+    ctx.save_figure(fig, "synthetic_trajectory")
+
+
+# ================================================================== digits (Sec. 6.2)
+DIG_SCHEMA = {
+    "data": {
+        "n_bank": Param(int, 1000, "memories in the bank", check=positive),
+        "n_queries": Param(int, 256, "evaluation queries Q", check=positive),
+        "corruption": Param(float, 3.0, "q = x + corruption * u, u ~ N(0, I)", check=nonnegative),
+    },
+    "grid": {
+        "betas": Param(list, PAPER_BETAS, "inverse temperatures (r = sqrt(2/beta))", item_type=float,
+                       check=lambda v: nonempty(v) or each(positive)(v)),
+        "T": Param(list, [3, 5, 7], "horizons", item_type=int, check=lambda v: nonempty(v) or each(positive)(v)),
+        "epsilons": Param(list, [16.0, 32.0, 64.0], "privacy epsilons", item_type=float,
+                          check=lambda v: nonempty(v) or each(positive)(v)),
+    },
+    "mechanism": {
+        "delta": Param(float, 1e-5, "privacy delta", check=open_unit),
+        "kappa": Param(float, 128.0, "activation threshold kappa (paper: 128)", check=positive),
+        "gamma": Param(float, 0.0, "smoothing parameter; 0 = largest value allowed by Eq. (8)", check=nonnegative),
+    },
+    "repetitions": Param(int, 32, "paired noise repetitions per query", check=positive),
+    "bootstrap": Param(int, 512, "query-cluster bootstrap resamples for the 95% CIs", check=at_least(10)),
+    "workers": Param(int, 1, "processes over the beta grid (results do not depend on it)", check=positive),
+}
+
+METHODS = ("BRACE", "Naive DAM", "global-noise DAM", "clean endpoint + noise", "noiseless DAM", "corrupted input")
+
+
+def _dig_cross(cfg):
+    return _gamma_check(cfg.grid.epsilons, cfg.mechanism.delta, cfg.grid.T, 2, cfg.mechanism.gamma,
+                        "mechanism.gamma")
+
+
+def _boot(per_query: np.ndarray, idx: np.ndarray) -> tuple[float, float, float]:
+    means = per_query[idx].mean(axis=1)
+    return float(per_query.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def _digits_beta(beta: float, sh: dict):
+    """All (T, epsilon) cells and methods for one beta (a top-level function: picklable)."""
+    X, x, q, normals, boot_idx, R = sh["X"], sh["x"], sh["q"], sh["normals"], sh["boot_idx"], sh["R"]
+    Q, d = x.shape
+    starts = np.repeat(q, R, axis=0)                                            # row = (query, repetition)
+    x_rep = np.repeat(x, R, axis=0)
+    per_q = lambda v: v.reshape(Q, R).mean(axis=1)  # noqa: E731
+    pred = lambda Y: np.sum((Y - x_rep) ** 2, axis=1) / d  # noqa: E731
+    r = math.sqrt(2.0 / beta)
+    records, act, unc, steps = [], 0, 0, 0
+    for T in sh["Ts"]:
+        z = clean_trajectory(X, q, r, T)                               # (T+1, Q, d)
+        zT_rep = np.repeat(z[-1], R, axis=0)
+        fid = lambda Y: np.sum((Y - zT_rep) ** 2, axis=1) / d  # noqa: E731
+        clean_rep = np.repeat(z, R, axis=1)
+        nz = normals[:, :, :T, :].reshape(Q * R, T, d)
+        base = {"beta": beta, "r": r, "T": T}
+        records.append({**base, "eps": None, "method": "noiseless DAM",
+                        "pred": _boot(per_q(pred(zT_rep)), boot_idx), "fid": (0.0, 0.0, 0.0)})
+        for eps in sh["epsilons"]:
+            p = _params(r, T, eps, sh["delta"], d, sh["kappa"], sh["gamma"])
+            Yb, _, a_, u_ = _bank_chunks(X, starts, p, nz, clean=clean_rep)
+            act += int(a_.sum()); unc += int(u_.sum()); steps += a_.size  # noqa: E702
+            outs = {"BRACE": Yb[:, -1],
+                    "Naive DAM": iterative_baseline(X, starts, p, nz, "count")[:, -1],
+                    "global-noise DAM": iterative_baseline(X, starts, p, nz, "global")[:, -1],
+                    "clean endpoint + noise": clean_endpoint_noise(zT_rep, starts, p, nz[:, 0, :])}
+            for name, Y in outs.items():
+                records.append({**base, "eps": eps, "method": name, "pred": _boot(per_q(pred(Y)), boot_idx),
+                                "fid": _boot(per_q(fid(Y)), boot_idx)})
+    return records, (act, unc, steps)
+
+
+def run_digits(cfg, ctx) -> Result:
+    from fedmem.bench.digits import digits_features
+
+    feats = digits_features(cfg.data.n_bank, cfg.data.n_queries, rng=ctx.rng("digits-split"))
+    X, x = feats.bank, feats.queries
+    Q, R, d = x.shape[0], cfg.repetitions, 2
+    q = x + cfg.data.corruption * ctx.rng("corruption").standard_normal(x.shape)
+    Tmax = max(cfg.grid.T)
+    normals = samplers.gaussian(1.0, (Q, R, Tmax, d), ctx.rng("innovations"))   # paired across methods
+    boot_idx = ctx.rng("bootstrap").integers(0, Q, size=(cfg.bootstrap, Q))
+    per_q = lambda v: v.reshape(Q, R).mean(axis=1)  # noqa: E731
+
+    records = []  # dict rows: beta, r, T, eps, method, pred (mean, lo, hi), fid (mean, lo, hi)
+    corrupted = _boot(per_q(np.repeat(np.sum((q - x) ** 2, axis=1) / d, R)), boot_idx)
+    shared = dict(X=X, x=x, q=q, normals=normals, boot_idx=boot_idx, R=R, Ts=list(cfg.grid.T),
+                  epsilons=list(cfg.grid.epsilons), delta=cfg.mechanism.delta, kappa=cfg.mechanism.kappa,
+                  gamma=cfg.mechanism.gamma)
+    act = unc = steps = 0
+    betas = list(cfg.grid.betas)
+    if cfg.workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=cfg.workers) as pool:
+            results = ctx.progress(pool.map(_digits_beta, betas, [shared] * len(betas)), total=len(betas),
+                                   description="beta")
+            results = list(results)
+    else:
+        results = [_digits_beta(b, shared) for b in ctx.progress(betas, total=len(betas), description="beta")]
+    for recs, (a_, u_, s_) in results:
+        records += recs
+        act, unc, steps = act + a_, unc + u_, steps + s_
+
+    minima = []
+    paper_note = []
+    for name in METHODS:
+        if name == "corrupted input":
+            minima.append([name, corrupted[0], f"[{corrupted[1]:.4g}, {corrupted[2]:.4g}]", "-", "-", "-",
+                           PAPER_MINIMA[name]])
+            continue
+        rs = [rec for rec in records if rec["method"] == name]
+        best = min(rs, key=lambda rec: rec["pred"][0])
+        minima.append([name, best["pred"][0], f"[{best['pred'][1]:.4g}, {best['pred'][2]:.4g}]",
+                       f"{best['beta']:.6g}", best["T"], "-" if best["eps"] is None else best["eps"],
+                       PAPER_MINIMA[name]])
+    best = {row[0]: row[1] for row in minima}
+    metrics = {
+        "min_prediction_mse": best,
+        "brace_reduction_vs_corrupted": 1 - best["BRACE"] / best["corrupted input"],
+        "brace_below_global": best["BRACE"] < best["global-noise DAM"],
+        "brace_below_clean_endpoint": best["BRACE"] < best["clean endpoint + noise"],
+        "activation_rate": act / max(steps, 1), "activation_not_excluded_rate": unc / max(steps, 1),
+        "gamma_used": {str(e): _params(1.0, T, e, cfg.mechanism.delta, d, cfg.mechanism.kappa,
+                                       cfg.mechanism.gamma).gamma for e in cfg.grid.epsilons for T in cfg.grid.T},
+        "feature_scale": feats.scale,
+    }
+    _plot_digits(ctx, records, cfg, corrupted)
+    table = Table("Minimum prediction MSE over the grid (beside papers/001 Sec. 6.2, MNIST-VAE)",
+                  ["method", "fedmem min", "95% CI", "beta", "T", "epsilon", "paper min"], minima,
+                  note="fedmem uses scikit-learn digits (2 PCA coordinates), not MNIST-VAE features, and the "
+                       "gamma allowed by Eq. (8) instead of the paper's gamma = 0.25; numbers are not comparable "
+                       "one to one.")
+    per_eps = []
+    for eps in cfg.grid.epsilons:
+        for T in cfg.grid.T:
+            row = [eps, T]
+            for name in ("BRACE", "Naive DAM", "global-noise DAM", "clean endpoint + noise"):
+                rs = [rec for rec in records if rec["method"] == name and rec["eps"] == eps and rec["T"] == T]
+                b = min(rs, key=lambda rec: rec["pred"][0])
+                row += [b["pred"][0]]
+            per_eps.append(row)
+    t2 = Table("Best prediction MSE per (epsilon, T)", ["epsilon", "T", "BRACE", "Naive DAM", "global-noise DAM",
+                                                       "clean endpoint + noise"], per_eps)
+    return Result(metrics=metrics, tables=[table, t2])
+
+
+def _plot_digits(ctx, records, cfg, corrupted):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"BRACE": "b", "Naive DAM": "r", "global-noise DAM": "g", "clean endpoint + noise": "m",
+              "noiseless DAM": "k"}
+    for key, fname, ylabel in (("pred", "digits_prediction_mse", "prediction MSE vs x"),
+                               ("fid", "digits_fidelity_mse", "fidelity MSE vs noiseless z_T")):
+        Ts, Es = list(cfg.grid.T), list(cfg.grid.epsilons)
+        fig, axes = plt.subplots(len(Ts), len(Es), figsize=(4.2 * len(Es), 3.2 * len(Ts)), squeeze=False)
+        for i, T in enumerate(Ts):
+            for j, eps in enumerate(Es):
+                ax = axes[i][j]
+                for name, c in colors.items():
+                    if key == "fid" and name == "noiseless DAM":
+                        continue
+                    rs = [rec for rec in records if rec["method"] == name and rec["T"] == T
+                          and (rec["eps"] == eps or (name == "noiseless DAM"))]
+                    rs.sort(key=lambda rec: rec["beta"])
+                    b = np.array([rec["beta"] for rec in rs])
+                    v = np.array([rec[key] for rec in rs])
+                    ax.plot(b, v[:, 0], c + "-", lw=1.2, label=name)
+                    ax.fill_between(b, v[:, 1], v[:, 2], color=c, alpha=0.15)
+                if key == "pred":
+                    ax.axhline(corrupted[0], color="0.5", ls="--", lw=1, label="corrupted input")
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+                ax.set_title(f"T={T}, epsilon={eps:g}", fontsize=9)
+                ax.set_xlabel("beta")
+                if j == 0:
+                    ax.set_ylabel(ylabel)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        ctx.save_figure(fig, fname)
+
+
+EXPERIMENTS = {
+    "brace.synthetic": Experiment("brace.synthetic", "BRACE vs Naive DAM: boundary-induced mode switching "
+                                  "(papers/001 Sec. 6.1).", SYN_SCHEMA, run_synthetic, cross_checks=_syn_cross),
+    "brace.digits": Experiment("brace.digits", "BRACE under strong query corruption on digits PCA features "
+                               "(papers/001 Sec. 6.2).", DIG_SCHEMA, run_digits, cross_checks=_dig_cross),
+}

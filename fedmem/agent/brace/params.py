@@ -1,0 +1,123 @@
+"""BRACE public parameters and their Gaussian calibration (papers/001, Step 6, App. C.2).
+
+:class:`BraceParams` is a frozen record of everything public about one BRACE release:
+retrieval radius ``r = sqrt(2/beta)``, horizon ``T``, activation threshold ``kappa``
+(Eq. (2)), the target ``(epsilon, delta)``, the dimension ``d`` and the smoothing
+parameter ``gamma``. Building it checks Eq. (8); a ``gamma`` that violates Eq. (8) is
+rejected (``ValueError``) instead of being clamped, because the privacy proof of
+Appendix C.2 needs it. :meth:`BraceParams.event` is what the accountant books.
+
+The per-step noise is ``N(0, T * Delta_bar_t^2 / (2 rho) I_d)`` with
+``rho = (sqrt(log(1/delta) + epsilon) - sqrt(log(1/delta)))^2`` (Step 6).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fedmem import _validate as V
+from fedmem.dp import ApproxDpEvent
+
+
+def rho_eps_delta(epsilon: float, delta: float) -> float:
+    """``rho_{eps,delta} = (sqrt(log(1/delta) + eps) - sqrt(log(1/delta)))^2`` (Step 6).
+
+    It is the zCDP parameter whose standard conversion gives exactly ``epsilon`` at
+    ``delta``: ``epsilon = rho + 2 sqrt(rho log(1/delta))`` (App. C.2).
+    """
+    epsilon = V.positive("epsilon", epsilon)
+    delta = V.open_unit("delta", delta)
+    L = math.log(1.0 / delta)
+    # Written as eps^2 / (sqrt(L+eps) + sqrt(L))^2 to avoid cancellation for small eps.
+    return epsilon ** 2 / (math.sqrt(L + epsilon) + math.sqrt(L)) ** 2
+
+
+def gamma_max(epsilon: float, delta: float, T: int, d: int) -> float:
+    """Largest smoothing parameter allowed by Eq. (8) of papers/001 (App. C.2).
+
+    With ``alpha = 1 + sqrt(log(1/delta) / rho)``::
+
+        gamma <= min{1/4, 1/(8 (alpha - 1))}
+        gamma <= (alpha log alpha - (alpha-1) log(alpha-1)) / ((alpha-1) {8 alpha (alpha-1) rho + 5 T d})
+
+    Raises ``ValueError`` when no positive gamma exists (numerically: the bound is not a
+    positive finite number).
+    """
+    T = V.positive_int("T", T)
+    d = V.positive_int("d", d)
+    rho = rho_eps_delta(epsilon, delta)
+    L = math.log(1.0 / delta)
+    am1 = math.sqrt(L / rho)  # alpha - 1
+    alpha = 1.0 + am1
+    first = min(0.25, 1.0 / (8.0 * am1))
+    num = alpha * math.log(alpha) - am1 * math.log(am1)
+    den = am1 * (8.0 * alpha * am1 * rho + 5.0 * T * d)
+    second = num / den
+    g = min(first, second)
+    if not (math.isfinite(g) and g > 0):
+        raise ValueError(
+            f"no smoothing parameter gamma satisfies Eq. (8) for epsilon={epsilon!r}, delta={delta!r}, "
+            f"T={T!r}, d={d!r}. Found bound {g!r}."
+        )
+    return g
+
+
+@dataclass(frozen=True)
+class BraceParams:
+    """Public parameters of one BRACE trajectory release.
+
+    ``gamma=None`` takes the largest value allowed by Eq. (8) (:func:`gamma_max`); an
+    explicit ``gamma`` above it raises ``ValueError``. ``r`` is the LSR radius; build
+    from an inverse temperature with :meth:`from_beta` (``r = sqrt(2/beta)``).
+    """
+
+    r: float
+    T: int
+    epsilon: float
+    delta: float
+    d: int
+    kappa: float = 128.0
+    gamma: float | None = None
+
+    def __post_init__(self):
+        V.positive("r", self.r)
+        V.positive_int("T", self.T)
+        V.positive("epsilon", self.epsilon)
+        V.open_unit("delta", self.delta)
+        V.positive_int("d", self.d)
+        V.positive("kappa", self.kappa)
+        bound = gamma_max(self.epsilon, self.delta, self.T, self.d)
+        if self.gamma is None:
+            object.__setattr__(self, "gamma", bound)
+        else:
+            g = V.positive("gamma", self.gamma)
+            if g > bound:
+                raise ValueError(
+                    f"gamma must satisfy Eq. (8) of papers/001, i.e. gamma <= {bound:.6g} for "
+                    f"epsilon={self.epsilon!r}, delta={self.delta!r}, T={self.T!r}, d={self.d!r}. "
+                    f"Found {self.gamma!r}."
+                )
+
+    @classmethod
+    def from_beta(cls, beta: float, **kw) -> "BraceParams":
+        beta = V.positive("beta", beta)
+        return cls(r=math.sqrt(2.0 / beta), **kw)
+
+    @property
+    def rho(self) -> float:
+        return rho_eps_delta(self.epsilon, self.delta)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma_t / Delta_bar_t = sqrt(T / (2 rho)) (Step 6)."""
+        return math.sqrt(self.T / (2.0 * self.rho))
+
+    @property
+    def threshold(self) -> float:
+        """tau = sqrt(kappa T) r: correction activates iff ||R_t|| > tau (Eq. (2))."""
+        return math.sqrt(self.kappa * self.T) * self.r
+
+    def event(self) -> ApproxDpEvent:
+        """What one released trajectory costs: (epsilon, delta) by Theorem 2 / App. C.2."""
+        return ApproxDpEvent(epsilon=self.epsilon, delta=self.delta, mechanism="brace")

@@ -1,0 +1,317 @@
+"""BRACE (papers/001): calibration, LSR update, certificate soundness, privacy, agent recall.
+
+The certificate tests compare Delta_bar (and its local term A^(0)) with a brute-force
+local sensitivity over a grid of replacements on tiny banks; the smoothness test checks
+the condition A^(k)(D) <= A^(k+1)(D') that makes Eq. (6) hold. The statistical privacy
+test samples the released trajectory on a fixed neighbouring pair where the correction
+activates and the clean trajectory jumps, and bounds the privacy loss with
+Clopper-Pearson intervals; the same test flags the raw-count variant. Seeds are fixed
+and were not searched for.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from fedmem.agent.brace import (BraceMemory, BraceParams, NoiseSource, brace_run, brute_force_local_sensitivity,
+                                clean_trajectory, gamma_max, phi, rho_eps_delta)
+from fedmem.agent.brace.certificate import (SortedRows, activation_impossible, certificate_terms, count_envelope,
+                                            smooth_envelope)
+from fedmem.attacks.audit import histogram_epsilon_lower_bound
+from fedmem.dp import Accountant, ApproxDpEvent, DurableStore
+from fedmem.errors import BudgetExceeded
+
+
+# ------------------------------------------------------------------ calibration (Step 6, Eq. (8))
+@pytest.mark.parametrize("eps,delta", [(0.5, 1e-6), (4.0, 1e-5), (64.0, 1e-5), (128.0, 1e-9)])
+def test_rho_converts_back_to_epsilon(eps, delta):
+    rho = rho_eps_delta(eps, delta)
+    L = math.log(1 / delta)
+    assert rho + 2 * math.sqrt(rho * L) == pytest.approx(eps, rel=1e-12)
+
+
+@pytest.mark.parametrize("eps,T,d", [(1.0, 2, 1), (16.0, 3, 2), (64.0, 7, 2), (128.0, 5, 128)])
+def test_gamma_max_satisfies_eq8_and_larger_gamma_is_rejected(eps, T, d):
+    delta = 1e-5
+    g = gamma_max(eps, delta, T, d)
+    rho = rho_eps_delta(eps, delta)
+    alpha = 1 + math.sqrt(math.log(1 / delta) / rho)
+    assert 0 < g <= min(0.25, 1 / (8 * (alpha - 1)))
+    rhs = (alpha * math.log(alpha) - (alpha - 1) * math.log(alpha - 1)) / (
+        (alpha - 1) * (8 * alpha * (alpha - 1) * rho + 5 * T * d))
+    assert g <= rhs * (1 + 1e-12)
+    assert BraceParams(r=1.0, T=T, epsilon=eps, delta=delta, d=d).gamma == g
+    with pytest.raises(ValueError, match="gamma must satisfy Eq. \\(8\\)"):
+        BraceParams(r=1.0, T=T, epsilon=eps, delta=delta, d=d, gamma=g * 1.01)
+
+
+def test_paper_gamma_violates_eq8():
+    """papers/001 G.1 uses gamma = 0.25 at epsilon in {16, 32, 64}; Eq. (8) forbids it."""
+    for eps in (16.0, 32.0, 64.0):
+        with pytest.raises(ValueError, match="gamma"):
+            BraceParams(r=1.0, T=3, epsilon=eps, delta=1e-5, d=2, gamma=0.25)
+
+
+@pytest.mark.parametrize("kw,match", [({"r": 0.0}, "r must be positive"), ({"T": 0}, "T must be >= 1"),
+                                      ({"delta": 1.0}, "delta must be in the open interval"),
+                                      ({"kappa": -1.0}, "kappa must be positive"),
+                                      ({"epsilon": float("nan")}, "epsilon must be finite")])
+def test_params_reject_bad_values(kw, match):
+    base = dict(r=1.0, T=3, epsilon=4.0, delta=1e-5, d=2)
+    with pytest.raises(ValueError, match=match):
+        BraceParams(**{**base, **kw})
+
+
+# ------------------------------------------------------------------ LSR update (Sec. 3.1)
+def test_phi_is_gate_mean_and_identity_on_empty_gate():
+    X = np.array([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0]])
+    new, counts, _ = phi(X, np.array([[0.5, 0.0], [10.0, 10.0], [1.0, 0.0]]), 1.0)
+    np.testing.assert_allclose(new[0], [0.5, 0.0])
+    np.testing.assert_allclose(new[1], [10.0, 10.0])
+    np.testing.assert_allclose(new[2], [0.5, 0.0])   # ||X_0 - c|| = 1 is in the closed gate
+    assert counts.tolist() == [2, 0, 2]
+
+
+def test_clean_trajectory_movement_bounds(rng):
+    X = rng.normal(size=(200, 3))
+    q = rng.normal(size=(16, 3))
+    z = clean_trajectory(X, q, 0.7, 6)
+    steps = np.linalg.norm(np.diff(z, axis=0), axis=2)
+    assert np.all(steps <= 0.7 + 1e-12)
+    for t in range(7):
+        assert np.all(np.linalg.norm(z[t] - q, axis=1) <= t * 0.7 + 1e-12)
+
+
+# ------------------------------------------------------------------ certificate soundness
+def _tiny_cases():
+    rng = np.random.default_rng(11)
+    for trial in range(48):
+        d = 1 + trial % 2
+        n = 3 + trial % 4
+        X = rng.uniform(-1.5, 1.5, (n, d))
+        q = rng.uniform(-0.5, 0.5, d)
+        kappa = (1e-4, 0.01, 0.05, 128.0)[trial % 4]
+        p = BraceParams(r=1.0, T=3, epsilon=8.0, delta=1e-5, d=d, kappa=kappa)
+        run = brace_run(X, q[None], p, NoiseSource(rng=rng))
+        ys = np.vstack([q[None], run.Y[0]])
+        grid = (np.linspace(-4, 4, 81)[:, None] if d == 1
+                else np.array(list(itertools.product(np.linspace(-4, 4, 33), repeat=2))))
+        yield X, q, ys, p, grid, run
+
+
+def test_certificate_never_below_brute_force_local_sensitivity():
+    checked = activated = 0
+    for X, q, ys, p, grid, run in _tiny_cases():
+        for t in range(1, p.T + 1):
+            ls = brute_force_local_sensitivity(X, q, ys[:t], p, grid)
+            A, db = certificate_terms(X, q, ys[:t], p)
+            assert db == pytest.approx(run.delta_bar[0, t - 1], rel=1e-12)
+            assert A[0] >= ls - 1e-9, (t, A[0], ls)
+            assert db >= ls - 1e-9
+            checked += 1
+            activated += bool(run.uncertain[0, t - 1])
+    assert checked == 144 and activated > 20   # the activated branch is exercised
+
+
+def test_raw_count_bound_is_below_local_sensitivity_somewhere():
+    """Companion: the count bound alone (ignoring activation) is caught by the same check."""
+    caught = 0
+    for X, q, ys, p, grid, run in _tiny_cases():
+        for t in range(2, p.T + 1):
+            ls = brute_force_local_sensitivity(X, q, ys[:t], p, grid)
+            A, _ = certificate_terms(X, q, ys[:t], p, mode="raw_count")
+            caught += A[0] < ls - 1e-9
+    assert caught >= 3
+
+
+def test_certificate_terms_are_monotone_between_neighbours():
+    """A^(k)(D) <= A^(k+1)(D') for D ~ D' at a fixed history: the condition for Eq. (6)."""
+    rng = np.random.default_rng(5)
+    pairs = 0
+    for trial in range(40):
+        d = 1 + trial % 2
+        n = 12 + trial % 7
+        X = rng.uniform(-1.2, 1.2, (n, d))
+        q = rng.uniform(-0.3, 0.3, d)
+        p = BraceParams(r=1.0, T=3, epsilon=4.0, delta=1e-5, d=d, kappa=(1e-4, 0.02)[trial % 2])
+        ys = np.vstack([q[None], brace_run(X, q[None], p, NoiseSource(rng=rng)).Y[0]])
+        for _ in range(4):
+            Xp = X.copy()
+            Xp[rng.integers(n)] = rng.uniform(-1.5, 1.5, d)
+            for t in range(1, p.T + 1):
+                for A_ in (X, Xp):
+                    B_ = Xp if A_ is X else X
+                    a, da = certificate_terms(A_, q, ys[:t], p)
+                    b, db = certificate_terms(B_, q, ys[:t], p)
+                    assert np.all(a[:-1] <= b[1:] + 1e-12)
+                    assert da <= math.exp(p.gamma) * db * (1 + 1e-12)
+                    pairs += 1
+    assert pairs == 40 * 4 * 3 * 2
+
+
+def test_count_envelope_closed_form_matches_eq7():
+    r, gamma = 0.7, 0.01
+    for m in [0, 1, 2, 5, 50, 400, 999]:
+        k = np.arange(0, 2000)
+        A = 2 * r / np.maximum(1.0, m - k)
+        assert count_envelope(np.array([m]), r, gamma)[0] == pytest.approx(smooth_envelope(A[None], gamma)[0],
+                                                                            rel=1e-12)
+
+
+def test_sorted_rows_counts_are_conservative_and_exact_away_from_ties(rng):
+    d = np.abs(rng.normal(size=(50, 300))) * 3
+    sr = SortedRows(d)
+    thr = rng.uniform(0, 8, size=(50, 20))
+    exact = (d[:, :, None] <= thr[:, None, :]).sum(1)
+    assert np.array_equal(sr.count_le(thr, +1), exact)
+    assert np.array_equal(sr.count_le(thr, -1), exact)
+    # ties: widening +1 never undercounts, -1 never overcounts
+    tie = np.sort(d, axis=1)[:, 100:101]
+    assert np.all(sr.count_le(tie, +1)[:, 0] >= 101)
+    assert np.all(sr.count_le(tie, -1)[:, 0] <= 101)
+
+
+def test_activation_impossible_matches_paper_setting():
+    """With kappa = 128 (paper, digits) no bank can activate for T <= 7; with small kappa it can."""
+    for T in (3, 5, 7):
+        assert activation_impossible(BraceParams(r=2.0, T=T, epsilon=16.0, delta=1e-5, d=2, kappa=128.0))
+    assert not activation_impossible(BraceParams(r=0.8, T=5, epsilon=128.0, delta=1e-5, d=2, kappa=0.003))
+
+
+# ------------------------------------------------------------------ statistical privacy test
+def _jump_banks(M=1500, C=1500):
+    """d = 1, r = 1, q = 0. The differing record (+1 vs -1) moves z_1 across the point
+    where the far cluster C enters the step-2 gate, so z_2 jumps by about r/2 while the
+    released gate holds ~M..M+C records: the raw count bound is tiny, the correction
+    activates, and the true local sensitivity of Q_2 is ~r/2."""
+    half = np.linspace(0.0, 0.3, M // 2)
+    core = np.concatenate([half, -half])[:, None]
+    far = np.full((C, 1), 1.0 + 0.5 / (M + 1))
+    return np.vstack([core, [[1.0]], far]), np.vstack([core, [[-1.0]], far])
+
+
+def _released(X, p, certificate, seed, N=4000, chunk=1000):
+    rng = np.random.default_rng(seed)
+    ys = []
+    for _ in range(0, N, chunk):
+        run = brace_run(X, np.zeros((chunk, 1)), p, NoiseSource(normals=rng.standard_normal((chunk, p.T, 1))),
+                        certificate=certificate)
+        ys.append(run.Y[:, -1, 0])
+    return np.concatenate(ys)
+
+
+def _eps_lower_bound(a, b, delta):
+    edges = np.linspace(-3.0, 3.0, 121)
+    return max(histogram_epsilon_lower_bound(a, b, edges, delta=delta, alpha=1e-3),
+               histogram_epsilon_lower_bound(b, a, edges, delta=delta, alpha=1e-3))
+
+
+@pytest.fixture(scope="module")
+def jump_setting():
+    D, Dp = _jump_banks()
+    p = BraceParams(r=1.0, T=2, epsilon=2.0, delta=1e-5, d=1, kappa=1e-6)
+    z_D, z_Dp = clean_trajectory(D, np.zeros((1, 1)), 1.0, 2), clean_trajectory(Dp, np.zeros((1, 1)), 1.0, 2)
+    assert abs(z_D[2, 0, 0] - z_Dp[2, 0, 0]) > 0.45   # the clean trajectory jumps
+    return D, Dp, p
+
+
+def test_brace_trajectory_privacy_loss_within_budget(jump_setting):
+    D, Dp, p = jump_setting
+    lb = _eps_lower_bound(_released(D, p, "brace", 1), _released(Dp, p, "brace", 2), p.delta)
+    assert lb <= p.epsilon
+
+
+def test_raw_count_variant_is_flagged(jump_setting):
+    D, Dp, p = jump_setting
+    lb = _eps_lower_bound(_released(D, p, "raw_count", 1), _released(Dp, p, "raw_count", 2), p.delta)
+    assert lb > 2 * p.epsilon
+
+
+# ------------------------------------------------------------------ noise and agent integration
+def test_noise_std_is_step6_calibration():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 2))
+    p = BraceParams(r=1.5, T=4, epsilon=8.0, delta=1e-5, d=2)
+    run = brace_run(X, rng.normal(size=(64, 2)), p, NoiseSource(rng=rng))
+    np.testing.assert_allclose(run.sigma, run.delta_bar * math.sqrt(p.T / (2 * p.rho)))
+    assert np.all(run.delta_bar >= 2 * p.r / 300) and np.all(run.delta_bar <= 2 * p.r)
+
+
+def test_recall_books_before_release_and_fails_closed(tmp_path):
+    rng = np.random.default_rng(9)
+    X = rng.normal(size=(400, 2))
+    p = BraceParams(r=1.0, T=3, epsilon=2.0, delta=1e-6, d=2)
+    store = DurableStore(tmp_path / "acc.sqlite")
+    acc = Accountant("rdp", store=store, name="agent", budget=(5.0, 1e-5))
+    mem = BraceMemory(X, p, acc, np.random.default_rng(1))
+    y = mem.recall(np.array([0.1, -0.2]))
+    assert y.shape == (2,) and np.linalg.norm(y - [0.1, -0.2]) <= (p.T + 1) * p.r + 1e-9
+    assert mem.recall_trajectory(np.zeros(2)).shape == (3, 2)
+    assert acc.count == 2 and acc.history[0].event == {"type": "approx", "epsilon": 2.0, "delta": 1e-6,
+                                                       "mechanism": "brace"}
+    state = mem._rng.bit_generator.state
+    with pytest.raises(BudgetExceeded):
+        mem.recall(np.zeros(2))                   # 3 * 2.0 > 5.0: refused before any computation
+    assert mem._rng.bit_generator.state == state  # nothing was drawn, nothing released
+    reopened = Accountant("rdp", store=DurableStore(tmp_path / "acc.sqlite"), name="agent", budget=(5.0, 1e-5))
+    assert reopened.spent(1e-5) == pytest.approx(4.0)
+    assert isinstance(p.event(), ApproxDpEvent)
+
+
+def test_recall_rejects_bad_inputs():
+    p = BraceParams(r=1.0, T=2, epsilon=2.0, delta=1e-6, d=2)
+    acc = Accountant("rdp")
+    with pytest.raises(ValueError, match="bank must have last dimension 2"):
+        BraceMemory(np.zeros((5, 3)), p, acc, np.random.default_rng(0))
+    mem = BraceMemory(np.zeros((5, 2)), p, acc, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="q must have last dimension 2"):
+        mem.recall(np.zeros(3))
+    assert acc.count == 0
+    with pytest.raises(TypeError, match="rng"):
+        BraceMemory(np.zeros((5, 2)), p, acc, rng=0)
+
+
+# ------------------------------------------------------------------ scenarios
+def test_synthetic_scenario_runs_small(tmp_path):
+    from fedmem.cli import run_scenario
+
+    payload, result, _ = run_scenario("scenarios/brace_synthetic.toml",
+                                      ["repetitions=20", "query.sweep_points=3"], out=tmp_path, as_json=True)
+    m = payload["metrics"]
+    assert m["gamma"] == pytest.approx(gamma_max(128.0, 1e-5, 5, 2))
+    assert m["sweep_final_error"]["brace"] < m["sweep_final_error"]["global"]
+    assert (tmp_path / "synthetic_trajectory.png").exists()
+
+
+def test_digits_scenario_runs_small(tmp_path):
+    from fedmem.cli import run_scenario
+
+    payload, _, _ = run_scenario("scenarios/brace_digits.toml",
+                                 ["grid.betas=[0.01, 0.1, 1.0]", "grid.T=[3]", "grid.epsilons=[64.0]",
+                                  "repetitions=4", "data.n_queries=32", "bootstrap=50"],
+                                 out=tmp_path, as_json=True)
+    m = payload["metrics"]["min_prediction_mse"]
+    assert m["BRACE"] < m["corrupted input"]
+    assert (tmp_path / "digits_prediction_mse.png").exists() and (tmp_path / "digits_fidelity_mse.png").exists()
+
+
+def test_scenario_rejects_gamma_violating_eq8():
+    from fedmem.errors import ScenarioError
+    from fedmem.scenario import load_scenario
+
+    with pytest.raises(ScenarioError, match="violates Eq. \\(8\\)"):
+        load_scenario("scenarios/brace_digits.toml", ["mechanism.gamma=0.25"])
+
+
+def test_secure_sampling_recall_runs_and_stays_in_output_ball():
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(50, 2))
+    p = BraceParams(r=1.0, T=2, epsilon=4.0, delta=1e-6, d=2)
+    mem = BraceMemory(X, p, Accountant("rdp"), np.random.default_rng(2), sampling="secure")
+    ys = mem.recall_trajectory(np.array([0.2, 0.1]))
+    for t in range(2):
+        assert np.linalg.norm(ys[t] - [0.2, 0.1]) <= (t + 2) * p.r + 1e-9
