@@ -71,3 +71,134 @@ class OpenAICompatibleResponder:
             return str(payload["choices"][0]["message"]["content"])
         except (KeyError, IndexError, TypeError) as exc:
             raise ResponderError(f"chat endpoint {self.base_url} returned no message: {payload!r:.200}") from exc
+
+
+# ---------------------------------------------------------------------------------------
+# Deterministic template responder (default responder of DP-MemView experiments).
+#
+# The response is a deterministic function of the message text alone, so when the
+# messages hold only (q_t, v_t, tau_<t) it is a fixed store-independent channel
+# K_LLM(y | q, v, tau_<t) (DP-MemView Eq. 2). Handed raw memory lines instead (the
+# memory-text baselines), it "reads" them with a public phrase lexicon and personalises
+# from what it finds, echoing the phrase it keyed on, as instruction-tuned models do.
+# ---------------------------------------------------------------------------------------
+import hashlib as _hashlib
+from dataclasses import dataclass as _dataclass
+from typing import Mapping as _Mapping
+
+VIEW_TAG = "View"
+MEMORY_TAG = "Memory"
+ECHO_MARK = "Since you mentioned"
+
+
+@_dataclass(frozen=True)
+class ModeTemplate:
+    """One response mode (= a public view): its slot, the evidence tags it personalises
+    for, and advice sentence variants."""
+
+    name: str
+    slot: str
+    tags: frozenset
+    advice: tuple[str, ...]
+
+
+@_dataclass(frozen=True)
+class TemplateBook:
+    """Public templates of a :class:`TemplateResponder`."""
+
+    slots: tuple[str, ...]
+    modes: _Mapping[str, ModeTemplate]
+    generic: _Mapping[str, tuple[str, ...]]
+    lexicon: _Mapping[str, tuple[str, ...]]
+    openings: tuple[str, ...]
+    closings: tuple[str, ...]
+
+    def __post_init__(self):
+        for name, m in self.modes.items():
+            if m.slot not in self.slots or not m.advice:
+                raise ValueError(f"mode {name!r} must name a known slot and at least one advice sentence. "
+                                 f"Found slot {m.slot!r}.")
+        missing = [s for s in self.slots if not self.generic.get(s)]
+        if missing:
+            raise ValueError(f"generic advice must be given for every slot. Found none for {missing!r}.")
+        if not self.openings or not self.closings:
+            raise ValueError("openings and closings must not be empty.")
+
+    def exhibited_modes(self, text: str) -> frozenset:
+        """Modes whose advice appears in ``text`` (used for programmatic gold checks)."""
+        return frozenset(n for n, m in self.modes.items() if any(a in text for a in m.advice))
+
+
+def _pick(options: tuple[str, ...], *key) -> str:
+    h = int.from_bytes(_hashlib.sha256("|".join(map(str, key)).encode()).digest()[:4], "little")
+    return options[h % len(options)]
+
+
+def memview_messages(query_text: str, slots: tuple[str, ...], views: tuple[tuple[str, str, str], ...] = (),
+                     memory: tuple[tuple[str, str], ...] = (), history: tuple[tuple[str, str], ...] = ()) -> list[dict]:
+    """Chat messages carrying only what an interface released.
+
+    ``views``: (slot, view name, description); ``memory``: (slot, text) lines, used only
+    by the memory-text baselines; ``history``: public (query, response) pairs.
+    """
+    lines = [f"Slots: {', '.join(slots)}", f"Query: {query_text}"]
+    lines += [f"{VIEW_TAG}[{s}]: {name} | {desc}" for s, name, desc in views]
+    lines += [f"{MEMORY_TAG}[{s}]: {text}" for s, text in memory]
+    msgs = [{"role": "system", "content": "You are a helpful personal assistant. Follow the conditioning views; "
+                                          "never state facts about the user that you were not given."}]
+    for q, y in history:
+        msgs += [{"role": "user", "content": f"Query: {q}"}, {"role": "assistant", "content": y}]
+    msgs.append({"role": "user", "content": "\n".join(lines)})
+    return msgs
+
+
+class TemplateResponder:
+    """Deterministic responder: text depends only on the last user message.
+
+    Opening (by query), one advice sentence per conditioning mode (variant chosen by a
+    hash of query and mode), generic advice when no mode applies, closing. Raw memory
+    lines are read with the book's lexicon; a found phrase adds the modes of the active
+    slot that it supports and an echo sentence ("Since you mentioned ...").
+    """
+
+    def __init__(self, book: TemplateBook, slot_topics: _Mapping[str, str] | None = None):
+        if not isinstance(book, TemplateBook):
+            raise TypeError(f"book must be a TemplateBook. Found {type(book).__name__}.")
+        self.book = book
+        self.slot_topics = dict(slot_topics or {})
+        self._lex = {t: tuple(p.lower() for p in ps) for t, ps in book.lexicon.items()}
+
+    def respond(self, messages: Sequence[dict]) -> str:
+        if not messages or messages[-1].get("role") != "user":
+            raise ValueError("messages must end with a user message.")
+        slots, query, modes, echoes = (), "", set(), []
+        for line in str(messages[-1]["content"]).splitlines():
+            head, _, rest = line.partition(": ")
+            if head == "Slots":
+                slots = tuple(s.strip() for s in rest.split(",") if s.strip())
+            elif head == "Query":
+                query = rest
+            elif head.startswith(VIEW_TAG + "["):
+                name = rest.split(" | ", 1)[0].strip()
+                if name in self.book.modes:
+                    modes.add(name)
+            elif head.startswith(MEMORY_TAG + "["):
+                low = rest.lower()
+                for tag, phrases in self._lex.items():
+                    hit = next((p for p in phrases if p in low), None)
+                    if hit is None:
+                        continue
+                    found = [n for n, m in self.book.modes.items() if tag in m.tags and m.slot in slots]
+                    if found:
+                        modes.update(found)
+                        echoes.append(f"{ECHO_MARK} {hit}, I took that into account.")
+        topic = ", ".join(self.slot_topics.get(s, s) for s in slots) or "question"
+        out = [_pick(self.book.openings, query).format(topic=topic)]
+        for name in sorted(modes):
+            out.append(_pick(self.book.modes[name].advice, query, name))
+        for s in slots:
+            if not any(self.book.modes[n].slot == s for n in modes):
+                out.append(_pick(self.book.generic[s], query, s))
+        out += sorted(dict.fromkeys(echoes))
+        out.append(_pick(self.book.closings, query))
+        return " ".join(out)

@@ -1,0 +1,407 @@
+"""``memview.*`` experiments: Tables 2, 3 and 4 of the DP-MemView paper on PairedMem.
+
+One pipeline: generate PairedMem pairs (``fedmem.bench.pairedmem``), run every method on
+both stores of every pair with the same trajectory (EM methods once per seed), turn the
+released inputs into text with the responder, embed the responses, audit with
+per-attribute calibrated logistic regressions (macro-AUC, TPR@5%FPR), and compute the
+programmatic utility metrics tRec / Unsup / U from the deterministic gold behaviours.
+
+Utility without an LLM judge (differs from the paper's Claude judge, see docs/memview.md):
+
+* **tRec**: on ``M``, over target-relevant turns, the fraction whose response exhibits a
+  target-specific view of the active slot (the target-required behaviour).
+* **Unsup**: the same behaviour on ``M'``, where the store does not support it.
+* **U**: mean over turns and both stores of four 0/1-ish checks: relevance (public
+  ``r(q, v)`` of the exhibited modes), correctness (no exhibited mode unsupported by the
+  store), personalisation (a mode the read set supports is exhibited, or none is
+  supported and none exhibited), focus (at most one mode and no memory echo).
+
+DP ceiling (hard check): for each DP method and its booked (or reconstructed) epsilon,
+pure eps-DP bounds every test by ``TPR <= min(e^eps FPR, 1 - e^-eps (1 - FPR))``; the
+pooled test scores give TPR@5%FPR with a Clopper-Pearson interval and AUC with a
+bootstrap interval; a lower confidence bound above the ceiling marks the run failed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from fedmem.agent.llm import ECHO_MARK, OpenAICompatibleResponder, TemplateResponder
+from fedmem.agent.memview.baselines import ABLATIONS, ALL_METHODS, DP_METHODS, TABLE2_METHODS, VIOLATES, run_method
+from fedmem.agent.memview.scorer import PaperScorer, PhraseLexicon
+from fedmem.attacks.audit import auc_ci, clopper_pearson, dp_roc_ceiling, roc_auc, tpr_at_fpr
+from fedmem.attacks.memview_auditor import audit, prefix_features
+from fedmem.bench import pairedmem as pm
+from fedmem.dp import DurableStore
+from fedmem.report import Result, Table
+from fedmem.scenario import Experiment, Param, at_least, each, nonempty, open_unit, positive
+
+SLOT_TOPICS = {"health": "health", "food": "meals", "finance": "finances", "work": "work",
+               "schedule": "schedule", "family": "household"}
+
+# Paper numbers: PairedMem, Qwen2.5-7B column (AUC, TPR@5, tRec, U, Unsup).
+PAPER_T2 = {
+    "GenericOnly": (0.500, 0.050, 0.426, 0.877, 0.044), "RawReadSet": (0.842, 0.547, 0.521, 0.775, 0.136),
+    "TypedMask": (0.500, 0.050, 0.386, 0.846, 0.109), "TaskMin": (0.832, 0.406, 0.524, 0.772, 0.129),
+    "OutputFilter": (0.793, 0.438, 0.517, 0.786, 0.136), "DP-MemView (on)": (0.490, 0.016, 0.506, 0.877, 0.119),
+    "DP-MemView (pre)": (0.476, 0.062, 0.559, 0.877, 0.175),
+}
+PAPER_T3_CAP = {1.0: (0.541, 0.508, 0.115), 2.0: (0.490, 0.506, 0.119), 4.0: (0.508, 0.513, 0.113),
+                8.0: (0.608, 0.534, 0.105)}
+PAPER_T3_K = {2: (0.510, 0.487, 0.088), 3: (0.490, 0.506, 0.119), 4: (0.525, 0.527, 0.129)}
+PAPER_T4 = {"DP-MemView (on)": ("2.0", 0.490, 0.506, 0.877, 0.119),
+            "IncompleteCharge": ("4.0", 0.554, 0.565, 0.879, 0.160),
+            "CappedArgmax": ("inf", 0.754, 0.597, 0.876, 0.047), "NoCap": ("5.33", 0.599, 0.583, 0.876, 0.161)}
+
+_COMMON = {
+    "data": {
+        "pairs": Param(int, 320, "adjacent store pairs (multiple of 4; paper: 320)", check=at_least(12)),
+        "turns": Param(int, 16, "queries per trajectory run (paper: T=16 of a 32-query trajectory)",
+                       check=positive),
+        "overlap_fraction": Param(float, 0.25, "fraction of pairs with overlapping protected groups",
+                                  check=lambda v: None if 0 <= v <= 1 else f"must be in [0, 1], found {v!r}"),
+    },
+    "budget": {
+        "cap": Param(float, 2.0, "per-attribute cap B_a", check=positive),
+        "K": Param(int, 3, "online budget granularity K (eps = B_a / K)", check=positive),
+    },
+    "run": {
+        "seeds": Param(list, [0, 1, 2], "EM seeds of the stochastic methods (paper: 0, 1, 2)", item_type=int,
+                       check=nonempty),
+    },
+    "audit": {
+        "prefixes": Param(list, [16], "transcript prefix lengths audited (first one is the table's T)",
+                          item_type=int, check=each(positive)),
+        "alpha": Param(float, 0.05, "confidence level of the ceiling-check intervals", check=open_unit),
+        "n_boot": Param(int, 400, "bootstrap resamples of the AUC interval", check=at_least(10)),
+        "C": Param(float, 1.0, "inverse L2 regularisation of the auditor", check=positive),
+    },
+    "responder": {
+        "kind": Param(str, "template", "response model", choices=("template", "openai")),
+        "base_url": Param(str, "http://localhost:8000/v1", "OpenAI-compatible endpoint (kind='openai')"),
+        "model": Param(str, "", "model name at the endpoint (kind='openai')"),
+    },
+}
+
+
+def _schema(extra=None, methods_default=TABLE2_METHODS, drop=()):
+    s = {k: dict(v) for k, v in _COMMON.items() if k not in drop}
+    s["run"]["methods"] = Param(list, list(methods_default), "methods to run", item_type=str,
+                                check=lambda v: None if set(v) <= set(ALL_METHODS) and v
+                                else f"must be a non-empty subset of {list(ALL_METHODS)}, found {v!r}")
+    if extra:
+        s.update(extra)
+    return s
+
+
+def _cross(cfg):
+    out = []
+    if cfg.data.pairs % 4:
+        out.append(("data.pairs", f"must be a multiple of 4 (one quota per attribute), found {cfg.data.pairs}"))
+    bad = [p for p in cfg.audit.prefixes if p > cfg.data.turns]
+    if bad:
+        out.append(("audit.prefixes", f"must not exceed data.turns={cfg.data.turns}, found {bad}"))
+    if cfg.responder.kind == "openai" and not cfg.responder.model:
+        out.append(("responder.model", "must name a model when responder.kind='openai'"))
+    return out
+
+
+# ---------------------------------------------------------------------------------- core
+class Bench:
+    """Shared state of one run: pairs, responder, scorer, embedder, caches, timings."""
+
+    def __init__(self, cfg, ctx):
+        self.cfg, self.ctx = cfg, ctx
+        self.timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        self.pairs = pm.generate(cfg.data.pairs, ctx.rng("pairedmem"), turns=max(32, cfg.data.turns),
+                                 overlap_fraction=cfg.data.overlap_fraction)
+        self.book = pm.template_book()
+        if cfg.responder.kind == "template":
+            self.responder = TemplateResponder(self.book, SLOT_TOPICS)
+        else:
+            self.responder = OpenAICompatibleResponder(cfg.responder.base_url, cfg.responder.model)
+        self.scorer = PaperScorer(PhraseLexicon(pm.LEXICON))
+        self.cache: dict[str, str] = {}
+        self.timings["generate pairs"] = time.perf_counter() - t0
+        self._embedder = None
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            t0 = time.perf_counter()
+            from fedmem.embeddings import shared_embedder
+
+            self._embedder = shared_embedder()
+            self.timings["load encoder"] = self.timings.get("load encoder", 0) + time.perf_counter() - t0
+        return self._embedder
+
+    def _tick(self, key, t0):
+        self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - t0
+
+    def transcripts(self, method: str, seed: int, cap: float, K: int):
+        t0 = time.perf_counter()
+        out = []
+        store = DurableStore(None)  # in-memory; one named ledger per store/trajectory
+        for pair in self.pairs:
+            sides = {}
+            for side in ("M", "M'"):
+                rng = self.ctx.rng("em", method, seed, cap, K, pair.index, side)
+                sides[side] = run_method(method, pair, side, self.responder, turns=self.cfg.data.turns, cap=cap,
+                                         K=K, rng=rng, sensitive_phrases=pm.SENSITIVE_PHRASES,
+                                         scorer=self.scorer, cache=self.cache, ledger_store=store,
+                                         ledger_name=f"{method}|{seed}|{cap}|{K}|{pair.index}|{side}")
+            out.append(sides)
+        self._tick("interfaces + responder", t0)
+        return out
+
+    def utility(self, runs) -> dict:
+        trec, unsup, u = [], [], []
+        for pair, sides in zip(self.pairs, runs):
+            for side, tr in sides.items():
+                tags = pm.store_tags(pair, side)
+                for turn, text in zip(pair.turns, tr.responses):
+                    q = turn.query
+                    (slot,) = pair.policy.route(q)
+                    modes = self.book.exhibited_modes(text)
+                    if turn.qtype == "target":
+                        hit = float(bool(modes & pm.target_views(pair, slot)))
+                        (trec if side == "M" else unsup).append(hit)
+                    rel = np.mean([pair.policy.relevance(q, slot, m) for m in modes]) if modes \
+                        else pair.policy.relevance(q, slot, pair.policy.vocabularies[slot].generic.name)
+                    correct = float(all(self.book.modes[m].tags & tags for m in modes))
+                    supported = pm.supported_views(pair, side, q)[slot]
+                    personal = float(bool(modes & supported)) if supported else float(not modes)
+                    focus = 1.0 if len(modes) <= 1 and ECHO_MARK not in text else 0.5
+                    u.append((rel + correct + personal + focus) / 4.0)
+        return {"tRec": float(np.mean(trec)), "Unsup": float(np.mean(unsup)), "U": float(np.mean(u))}
+
+    def audit_runs(self, runs) -> dict:
+        """prefix -> AuditResult for one set of transcripts."""
+        t0 = time.perf_counter()
+        texts = [t for sides in runs for side in ("M", "M'") for t in sides[side].responses]
+        emb = self.embedder.embed(texts)
+        self._tick("embed responses", t0)
+        t0 = time.perf_counter()
+        T = self.cfg.data.turns
+        emb = emb.reshape(len(runs), 2, T, -1)
+        attrs = [p.target for p in self.pairs]
+        splits = [p.split for p in self.pairs]
+        res = {}
+        for prefix in self.cfg.audit.prefixes:
+            fm = prefix_features(emb[:, 0], prefix)
+            fn = prefix_features(emb[:, 1], prefix)
+            res[prefix] = audit(fm, fn, attrs, splits, prefix, C=self.cfg.audit.C)
+        self._tick("auditor fit + eval", t0)
+        return res
+
+    def evaluate(self, method: str, cap: float, K: int) -> dict:
+        """Metrics of one method, averaged over seeds for the EM methods (paper C.5)."""
+        seeds = list(self.cfg.run.seeds) if method in DP_METHODS else [0]
+        per_seed, pooled_pos, pooled_neg = [], [], []
+        spent, recon = [], []
+        identical = False
+        for seed in seeds:
+            runs = self.transcripts(method, seed, cap, K)
+            identical = all(r["M"].identical_conditioning for r in runs)
+            audits = self.audit_runs(runs)
+            util = self.utility(runs)
+            main = audits[self.cfg.audit.prefixes[0]]
+            p, n = main.pooled()
+            pooled_pos.append(p)
+            pooled_neg.append(n)
+            spent += [r["M"].target_spent for r in runs] + [r["M'"].target_spent for r in runs]
+            recon += [r["M"].target_reconstructed for r in runs] + [r["M'"].target_reconstructed for r in runs]
+            per_seed.append({"util": util, "audits": audits})
+        out = {"method": method, "cap": cap, "K": K, "seeds": seeds, "identical": identical}
+        for key in ("tRec", "Unsup", "U"):
+            out[key] = float(np.mean([s["util"][key] for s in per_seed]))
+        out["by_prefix"] = {}
+        for prefix in self.cfg.audit.prefixes:
+            out["by_prefix"][prefix] = {
+                "auc": float(np.mean([s["audits"][prefix].macro_auc for s in per_seed])),
+                "tpr5": float(np.mean([s["audits"][prefix].macro_tpr5 for s in per_seed])),
+                "auc_per_attr": {a: float(np.mean([s["audits"][prefix].auc[a] for s in per_seed]))
+                                 for a in pm.ATTRIBUTES},
+            }
+        main = out["by_prefix"][self.cfg.audit.prefixes[0]]
+        out["auc"], out["tpr5"] = main["auc"], main["tpr5"]
+        out["booked_max"] = float(max(spent)) if spent else 0.0
+        out["reconstructed_max"] = float(max(recon)) if recon else 0.0
+        out["reconstructed_mean"] = float(np.mean(recon)) if recon else 0.0
+        out["pooled"] = (np.concatenate(pooled_pos), np.concatenate(pooled_neg))
+        return out
+
+
+def _auc_ceiling(eps: float) -> float:
+    """Largest AUC of any ROC under the pure eps-DP ceiling (numerical integral)."""
+    if math.isinf(eps):
+        return 1.0
+    f = np.linspace(0.0, 1.0, 20001)
+    return float(np.trapezoid(dp_roc_ceiling(f, eps), f))
+
+
+def ceiling_check(res: dict, eps: float, alpha: float, n_boot: int, rng) -> dict:
+    """Pooled TPR@5%FPR and AUC with intervals against the eps-DP ROC ceiling."""
+    pos, neg = res["pooled"]
+    fpr_target = 0.05
+    tpr = tpr_at_fpr(pos, neg, fpr_target)
+    k = int(round(tpr * len(pos)))
+    lo, hi = clopper_pearson(k, len(pos), alpha)
+    auc = roc_auc(pos, neg)
+    alo, ahi = auc_ci(pos, neg, alpha=alpha, rng=rng, n_boot=n_boot)
+    tpr_ceiling = 1.0 if math.isinf(eps) else float(dp_roc_ceiling(fpr_target, eps))
+    auc_ceiling = _auc_ceiling(eps)
+    violated = (lo > tpr_ceiling + 1e-12) or (alo > auc_ceiling + 1e-12)
+    return {"epsilon": eps, "tpr5": tpr, "tpr5_ci": (lo, hi), "tpr5_ceiling": tpr_ceiling, "auc": auc,
+            "auc_ci": (alo, ahi), "auc_ceiling": auc_ceiling, "violated": bool(violated),
+            "point_above": bool(tpr > tpr_ceiling or auc > auc_ceiling), "n_pos": len(pos), "n_neg": len(neg)}
+
+
+def _ceiling_table(checks: dict, alpha: float) -> Table:
+    rows = []
+    for name, c in checks.items():
+        verdict = "VIOLATION (bug)" if c["violated"] else ("point above, CI ok" if c["point_above"] else "ok")
+        rows.append([name, c["epsilon"], c["tpr5"], f"[{c['tpr5_ci'][0]:.3f}, {c['tpr5_ci'][1]:.3f}]",
+                     c["tpr5_ceiling"], c["auc"], f"[{c['auc_ci'][0]:.3f}, {c['auc_ci'][1]:.3f}]",
+                     c["auc_ceiling"], verdict])
+    return Table("DP ceiling check (pooled test transcripts, all seeds and attributes)",
+                 ["method", "epsilon", "TPR@5%FPR", f"{1 - alpha:.0%} CI", "ceiling", "AUC", f"{1 - alpha:.0%} CI",
+                  "AUC ceiling", "verdict"], rows,
+                 note="Pure eps-DP bounds every test: TPR <= min(e^eps FPR, 1 - e^-eps (1 - FPR)). A lower "
+                      "confidence bound above the ceiling fails the run.")
+
+
+def _metrics(r: dict) -> dict:
+    return {k: v for k, v in r.items() if k != "pooled"}
+
+
+def _timing_section(bench) -> tuple[str, str]:
+    lines = [f"- {k}: {v:.1f} s" for k, v in bench.timings.items()]
+    enc = bench._embedder.encoded if bench._embedder else 0
+    lines.append(f"- unique responses embedded: {enc}")
+    return ("Stage timings", "\n".join(lines))
+
+
+def _fmt_bound(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.3g}"
+
+
+# ------------------------------------------------------------------------------ table 2
+def run_table2(cfg, ctx) -> Result:
+    bench = Bench(cfg, ctx)
+    T = cfg.audit.prefixes[0]
+    results, rows, checks = {}, [], {}
+    for method in ctx.progress(list(cfg.run.methods), description="methods"):
+        r = bench.evaluate(method, cfg.budget.cap, cfg.budget.K)
+        results[method] = r
+        paper = PAPER_T2.get(method)
+        dag = "†" if r["identical"] else ""
+        rows.append([method, f"{r['auc']:.3f}{dag}", f"{r['tpr5']:.3f}{dag}", r["tRec"], r["U"], r["Unsup"],
+                     *(paper if paper else ("-",) * 5)])
+        if method in DP_METHODS or method == "CappedArgmax":
+            eps = r["booked_max"] if method in ("DP-MemView (on)", "DP-MemView (pre)") else (
+                math.inf if method == "CappedArgmax" else r["reconstructed_max"])
+            checks[method] = ceiling_check(r, eps, cfg.audit.alpha, cfg.audit.n_boot, ctx.rng("ceiling", method))
+    tables = [Table(f"Table 2 (PairedMem, T={T}, B_a={cfg.budget.cap}, K={cfg.budget.K}): fedmem vs paper (Qwen2.5-7B)",
+                    ["method", "AUC", "TPR@5", "tRec", "U", "Unsup", "paper AUC", "paper TPR@5", "paper tRec",
+                     "paper U", "paper Unsup"], rows,
+                    note="† identical conditioning under M and M' (chance by construction). Responder: "
+                         f"{cfg.responder.kind}; utility is programmatic (no LLM judge), see docs/memview.md.")]
+    for prefix in cfg.audit.prefixes[1:]:
+        tables.append(Table(f"Macro-AUC at prefix T={prefix}", ["method", "AUC", "TPR@5"],
+                            [[m, r["by_prefix"][prefix]["auc"], r["by_prefix"][prefix]["tpr5"]]
+                             for m, r in results.items()]))
+    tables.append(Table("Per-attribute AUC at T=%d" % T, ["method", *pm.ATTRIBUTES],
+                        [[m, *(r["by_prefix"][T]["auc_per_attr"][a] for a in pm.ATTRIBUTES)]
+                         for m, r in results.items()]))
+    ok = True
+    if checks:
+        tables.append(_ceiling_table(checks, cfg.audit.alpha))
+        ok = not any(c["violated"] for c in checks.values() if not math.isinf(c["epsilon"]))
+    metrics = {"methods": {m: _metrics(r) for m, r in results.items()}, "ceiling": checks,
+               "timings": dict(bench.timings)}
+    return Result(metrics=metrics, tables=tables, sections=[_timing_section(bench)], ok=ok)
+
+
+# ------------------------------------------------------------------------------ table 3
+def run_table3(cfg, ctx) -> Result:
+    bench = Bench(cfg, ctx)
+    method = "DP-MemView (on)"
+    settings = [("cap", float(b), cfg.sweep.K_for_caps) for b in cfg.sweep.caps] + \
+               [("K", cfg.sweep.cap_for_K, int(k)) for k in cfg.sweep.Ks]
+    done, rows, checks = {}, [], {}
+    for kind, cap, K in ctx.progress(settings, description="settings"):
+        key = (cap, K)
+        if key not in done:
+            done[key] = bench.evaluate(method, cap, K)
+            checks[f"B_a={cap:g}, K={K}"] = ceiling_check(done[key], done[key]["booked_max"], cfg.audit.alpha,
+                                                          cfg.audit.n_boot, ctx.rng("ceiling", cap, K))
+        r = done[key]
+        paper = PAPER_T3_CAP.get(cap) if kind == "cap" else PAPER_T3_K.get(K)
+        label = f"B_a={cap:g} (K={K})" if kind == "cap" else f"K={K} (B_a={cap:g})"
+        rows.append([label, cap / K, r["auc"], r["tpr5"], r["tRec"], r["Unsup"], *(paper or ("-",) * 3)])
+    tables = [Table(f"Table 3: budget sensitivity of DP-MemView (on), T={cfg.audit.prefixes[0]}",
+                    ["setting", "eps_t,g", "AUC", "TPR@5", "tRec", "Unsup", "paper AUC", "paper tRec",
+                     "paper Unsup"], rows),
+              _ceiling_table(checks, cfg.audit.alpha)]
+    ok = not any(c["violated"] for c in checks.values())
+    metrics = {"settings": {f"{c}_{k}": _metrics(r) for (c, k), r in done.items()}, "ceiling": checks,
+               "timings": dict(bench.timings)}
+    return Result(metrics=metrics, tables=tables, sections=[_timing_section(bench)], ok=ok)
+
+
+# ------------------------------------------------------------------------------ table 4
+def run_table4(cfg, ctx) -> Result:
+    bench = Bench(cfg, ctx)
+    rows, checks, results = [], {}, {}
+    for method in ctx.progress(list(cfg.run.methods), description="variants"):
+        r = bench.evaluate(method, cfg.budget.cap, cfg.budget.K)
+        results[method] = r
+        if method == "CappedArgmax":
+            bound = math.inf
+        elif method in ("DP-MemView (on)", "DP-MemView (pre)"):
+            bound = r["booked_max"]
+        else:
+            bound = r["reconstructed_max"]
+        relation = "<= B_a" if bound <= cfg.budget.cap + 1e-9 else "> B_a"
+        paper = PAPER_T4.get(method)
+        rows.append([method, VIOLATES.get(method, "-"), f"{_fmt_bound(bound)} {relation}",
+                     r["reconstructed_mean"], r["booked_max"], r["auc"], r["tpr5"], r["tRec"], r["U"], r["Unsup"],
+                     *(paper or ("-",) * 5)])
+        checks[method] = ceiling_check(r, bound, cfg.audit.alpha, cfg.audit.n_boot, ctx.rng("ceiling", method))
+    tables = [Table(f"Table 4: safeguard ablations (B_a={cfg.budget.cap}, K={cfg.budget.K}, T={cfg.audit.prefixes[0]})",
+                    ["variant", "violated", "target DP bound (max)", "mean reconstructed", "ledger max", "AUC",
+                     "TPR@5", "tRec", "U", "Unsup", "paper bound", "paper AUC", "paper tRec", "paper U",
+                     "paper Unsup"], rows,
+                    note="DP bound: booked ledger for the compliant interface; reconstructed complete-charging cost "
+                         "of the target attribute (max over pairs, stores, seeds) for IncompleteCharge and NoCap; "
+                         "infinite for CappedArgmax (no finite pure-DP bound)."),
+              _ceiling_table(checks, cfg.audit.alpha)]
+    ok = not any(c["violated"] for c in checks.values() if not math.isinf(c["epsilon"]))
+    metrics = {"variants": {m: _metrics(r) for m, r in results.items()}, "ceiling": checks,
+               "timings": dict(bench.timings)}
+    return Result(metrics=metrics, tables=tables, sections=[_timing_section(bench)], ok=ok)
+
+
+_SWEEP = {
+    "sweep": {
+        "caps": Param(list, [1.0, 2.0, 4.0, 8.0], "caps B_a swept at fixed K", item_type=float, check=nonempty),
+        "K_for_caps": Param(int, 3, "K used in the cap sweep", check=positive),
+        "Ks": Param(list, [2, 3, 4], "granularities K swept at fixed B_a", item_type=int, check=nonempty),
+        "cap_for_K": Param(float, 2.0, "B_a used in the K sweep", check=positive),
+    }
+}
+
+EXPERIMENTS = {
+    "memview.table2": Experiment("memview.table2", "DP-MemView Table 2: compared interfaces on PairedMem (AUC, "
+                                 "TPR@5, tRec, U, Unsup) beside the paper", _schema(), run_table2, _cross),
+    "memview.table3": Experiment("memview.table3", "DP-MemView Table 3: B_a and K sweep of the online mode",
+                                 _schema(_SWEEP, methods_default=["DP-MemView (on)"], drop=("budget",)), run_table3, _cross),
+    "memview.table4": Experiment("memview.table4", "DP-MemView Table 4: IncompleteCharge / CappedArgmax / NoCap "
+                                 "ablations with reconstructed DP bounds",
+                                 _schema(methods_default=["DP-MemView (on)", *ABLATIONS]), run_table4, _cross),
+}
