@@ -1,0 +1,307 @@
+"""DP-MIND Algorithm 3: token-level metric-DP perturbation of a long context.
+
+For every token w_t of the context C = (w_1, ..., w_L) (Algorithm 3, lines 1-6)::
+
+    phi_t     = phi(w_t)                                   (line 2, the embedding map)
+    Z_t       ~ p_Z(z) proportional to exp(-epsilon ||z||_2) (line 3, fedmem.dp.MetricLaplace:
+                radius ~ Gamma(d, 1/epsilon), direction uniform on the sphere; Sec. 3.1)
+    phi_hat_t = phi_t + Z_t                                (line 4)
+    w'_t      = argmin_{u in W} ||phi(u) - phi_hat_t||_2   (line 5, projection)
+
+then C' = (w'_1, ..., w'_L) is split into chunks (line 7). Adding Z_t makes the release
+of phi_hat_t epsilon-d_chi private with d_chi(w, w') = ||phi(w) - phi(w')||_2
+(Definition 3.2, Eq. 1); the projection uses only phi_hat_t, so it is post-processing
+(Theorem 3.3) and every projector below, exact or approximate, keeps the guarantee. A
+context of L tokens is L independent uses of the mechanism: two contexts differing in
+one position t are epsilon * d_chi(w_t, w~_t)-indistinguishable, and in general the
+guarantee composes additively over the positions that differ.
+
+The output set W excludes special tokens (see ``TokenTable``); inputs are never filtered.
+
+Projectors (all functions of the noisy embeddings only):
+
+* :class:`ExactProjector`: brute force ``argmin ||E_u||^2 - 2 <E_u, x>`` over the whole
+  output set with blocked float32 matrix products (memory O(block x |W|)).
+* :class:`IVFProjector`: inverted-file approximate nearest neighbour: k-means cells over
+  the output set, probe the ``n_probe`` cells whose centroid is nearest, exact search
+  inside them. Its recall@1 against exact is measured in tests and in
+  ``scripts/bench_dpmind.py``; an approximate answer changes utility, never privacy.
+* :func:`naive_project`: the per-token argmin loop, a baseline for the benchmark only.
+
+:class:`TokenPerturber` streams: it consumes token ids block by block, so memory stays
+O(block x (d + |W|)) for any context length; :func:`rechunk` splits the stream into
+chunks of a fixed token count (the last one may be shorter, as in Appendix A.2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Iterable, Iterator, Protocol
+
+import numpy as np
+
+from fedmem import _validate as V
+from fedmem.agent.dpmind.embeddings import TokenTable
+from fedmem.dp import MetricLaplace
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """Run a block with ``n`` torch intra-op threads (restored afterwards); None leaves torch alone.
+
+    On a shared, oversubscribed machine one thread is often much faster than two: the
+    many small per-cell products of :class:`IVFProjector` pay a synchronisation cost per
+    parallel region (measured in ``scripts/bench_dpmind.py``).
+    """
+    if n is None:
+        yield
+        return
+    torch = _torch()
+    old = torch.get_num_threads()
+    torch.set_num_threads(V.positive_int("threads", n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+class Projector(Protocol):
+    name: str
+
+    def project(self, points: np.ndarray) -> np.ndarray:  # pragma: no cover - protocol
+        """Token ids (int64, shape (n,)) nearest to each row of ``points`` (n, d)."""
+        ...
+
+
+def _points(table: TokenTable, points) -> np.ndarray:
+    arr = np.asarray(points)
+    if arr.ndim != 2 or arr.shape[1] != table.dim:
+        raise ValueError(f"points must have shape (n, {table.dim}). Found shape {arr.shape}.")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+class ExactProjector:
+    """Exact nearest output token by blocked matrix products (Algorithm 3, line 5)."""
+
+    name = "exact"
+
+    def __init__(self, table: TokenTable, *, block: int = 1024, threads: int | None = None):
+        torch = _torch()
+        self.table = table
+        self.threads = None if threads is None else V.positive_int("threads", threads)
+        self.block = V.positive_int("block", block)
+        self._ids = torch.from_numpy(np.array(table.output_ids))
+        self._mat = torch.from_numpy(np.array(table.matrix[table.output_ids]))  # (|W|, d) float32
+        self._sq = torch.from_numpy(table.sqnorms[table.output_ids].astype(np.float32))
+
+    def project(self, points) -> np.ndarray:
+        torch = _torch()
+        x = torch.from_numpy(_points(self.table, points))
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        with torch_threads(self.threads):
+            self._exact(x, out)
+        return out.numpy()
+
+    def _exact(self, x, out) -> None:
+        torch = _torch()
+        for s in range(0, x.shape[0], self.block):
+            xb = x[s:s + self.block]
+            # ||E_u - x||^2 - ||x||^2 = ||E_u||^2 - 2 <E_u, x>
+            d = torch.addmm(self._sq, xb, self._mat.T, beta=1.0, alpha=-2.0)
+            out[s:s + self.block] = self._ids[d.argmin(dim=1)]
+
+
+class IVFProjector:
+    """Approximate nearest output token: k-means cells + exact search in ``n_probe`` cells.
+
+    Cells are built once by Lloyd's k-means (``kmeans_iters`` rounds, initial centroids
+    drawn with the seeded ``numpy`` generator ``seed``), so the index is deterministic.
+    A query is scored against all centroids, and exactly against the members of its
+    ``n_probe`` nearest cells; queries are grouped by cell so that every cell is one
+    matrix product per block.
+    """
+
+    name = "ivf"
+
+    def __init__(self, table: TokenTable, *, n_clusters: int = 256, n_probe: int = 24, seed: int = 0,
+                 kmeans_iters: int = 12, block: int = 16384, threads: int | None = None):
+        torch = _torch()
+        self.table = table
+        self.threads = None if threads is None else V.positive_int("threads", threads)
+        self.n_clusters = V.positive_int("n_clusters", n_clusters)
+        self.n_probe = V.positive_int("n_probe", n_probe)
+        if self.n_probe > self.n_clusters:
+            raise ValueError(f"n_probe must be <= n_clusters ({n_clusters}). Found {n_probe!r}.")
+        if self.n_clusters > table.output_ids.size:
+            raise ValueError(f"n_clusters must be <= the number of output tokens ({table.output_ids.size}). "
+                             f"Found {n_clusters!r}.")
+        self.kmeans_iters = V.positive_int("kmeans_iters", kmeans_iters)
+        self.block = V.positive_int("block", block)
+        with torch_threads(self.threads):
+            self._build(seed)
+
+    def _build(self, seed: int) -> None:
+        torch = _torch()
+        table = self.table
+        ids = np.array(table.output_ids)
+        mat = torch.from_numpy(np.array(table.matrix[ids]))
+        sq = (mat * mat).sum(1)
+        rng = np.random.default_rng(seed)
+        cent = mat[torch.from_numpy(rng.choice(ids.size, self.n_clusters, replace=False))].clone()
+        for _ in range(self.kmeans_iters + 1):
+            d = torch.addmm(sq[:, None], mat, cent.T, beta=1.0, alpha=-2.0) + (cent * cent).sum(1)[None]
+            assign = d.argmin(dim=1)
+            counts = torch.bincount(assign, minlength=self.n_clusters)
+            sums = torch.zeros_like(cent).index_add_(0, assign, mat)
+            empty = counts == 0
+            new = sums / counts.clamp(min=1)[:, None].to(mat.dtype)
+            new[empty] = cent[empty]  # keep an empty cell's old centroid
+            cent = new
+        self._cent = cent
+        self._cent_sq = (cent * cent).sum(1)
+        order = torch.argsort(assign, stable=True)
+        bounds = np.concatenate([[0], np.cumsum(torch.bincount(assign, minlength=self.n_clusters).numpy())])
+        self._cells = []
+        for j in range(self.n_clusters):
+            members = order[bounds[j]:bounds[j + 1]]
+            self._cells.append((torch.from_numpy(ids)[members], mat[members].contiguous(), sq[members]))
+        self.cell_sizes = np.diff(bounds)
+
+    def project(self, points) -> np.ndarray:
+        torch = _torch()
+        x = torch.from_numpy(_points(self.table, points))
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        with torch_threads(self.threads):
+            for s in range(0, x.shape[0], self.block):
+                out[s:s + self.block] = self._project_block(x[s:s + self.block])
+        return out.numpy()
+
+    def _project_block(self, x):
+        torch = _torch()
+        b = x.shape[0]
+        dc = torch.addmm(self._cent_sq, x, self._cent.T, beta=1.0, alpha=-2.0)
+        probe = dc.topk(self.n_probe, dim=1, largest=False).indices  # (b, n_probe)
+        flat_c = probe.reshape(-1)
+        flat_q = torch.arange(b).repeat_interleave(self.n_probe)
+        order = torch.argsort(flat_c, stable=True)
+        flat_c, flat_q = flat_c[order], flat_q[order]
+        bounds = np.concatenate([[0], np.cumsum(torch.bincount(flat_c, minlength=self.n_clusters).numpy())])
+        best = torch.full((b,), float("inf"), dtype=x.dtype)
+        best_id = torch.zeros(b, dtype=torch.int64)
+        for j in np.flatnonzero(np.diff(bounds)):
+            ids, mat, sq = self._cells[j]
+            q = flat_q[bounds[j]:bounds[j + 1]]
+            d = torch.addmm(sq, x[q], mat.T, beta=1.0, alpha=-2.0)
+            mn, am = d.min(dim=1)
+            better = mn < best[q]
+            qb = q[better]
+            best[qb] = mn[better]
+            best_id[qb] = ids[am[better]]
+        return best_id
+
+
+def naive_project(table: TokenTable, points) -> np.ndarray:
+    """Per-token ``argmin_u ||E_u - x||`` in numpy, one token at a time (benchmark baseline)."""
+    pts = _points(table, points)
+    mat = table.matrix[table.output_ids]
+    out = np.empty(pts.shape[0], dtype=np.int64)
+    for i, x in enumerate(pts):
+        out[i] = table.output_ids[int(np.argmin(((mat - x) ** 2).sum(axis=1)))]
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def cached_projector(table: TokenTable, kind: str, **kwargs) -> Projector:
+    """One projector per (table, kind, parameters) per process: an IVF index is built once."""
+    return make_projector(table, kind, **kwargs)
+
+
+def make_projector(table: TokenTable, kind: str, **kwargs) -> Projector:
+    if kind == "exact":
+        return ExactProjector(table, **kwargs)
+    if kind == "ivf":
+        return IVFProjector(table, **kwargs)
+    raise ValueError(f"projection must be 'exact' or 'ivf'. Found {kind!r}.")
+
+
+class TokenPerturber:
+    """Algorithm 3 as a streaming sampler: a frozen :class:`MetricLaplace` record + table + projector.
+
+    The mechanism record (what is released: epsilon-d_chi noise on phi) is separate from
+    how the nearest token is found (the projector). The RNG is injected per call.
+    """
+
+    def __init__(self, mechanism: MetricLaplace, table: TokenTable, projector: Projector | None = None,
+                 *, block: int = 8192):
+        if not isinstance(mechanism, MetricLaplace):
+            raise TypeError(f"mechanism must be a MetricLaplace record. Found {type(mechanism).__name__}.")
+        if mechanism.dim != table.dim:
+            raise ValueError(f"mechanism.dim must equal the table dimension {table.dim}. Found {mechanism.dim!r}.")
+        self.mechanism = mechanism
+        self.table = table
+        self.projector = projector if projector is not None else ExactProjector(table)
+        self.block = V.positive_int("block", block)
+
+    @property
+    def epsilon(self) -> float:
+        return self.mechanism.epsilon
+
+    def _ids(self, ids) -> np.ndarray:
+        arr = np.asarray(ids)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise ValueError(f"ids must be a 1-d array of token ids. Found shape {arr.shape}, dtype {arr.dtype}.")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.table.vocab_size):
+            bad = arr[(arr < 0) | (arr >= self.table.vocab_size)][0]
+            raise ValueError(f"ids must be in [0, {self.table.vocab_size}). Found {int(bad)!r}.")
+        return arr.astype(np.int64, copy=False)
+
+    def noisy_embeddings(self, ids, rng) -> np.ndarray:
+        """phi(w_t) + Z_t for each id (Algorithm 3, lines 2-4), float64 (n, d)."""
+        arr = self._ids(ids)
+        if arr.size == 0:
+            return np.zeros((0, self.table.dim))
+        return self.table.matrix[arr].astype(np.float64) + self.mechanism.sample(rng, arr.size)
+
+    def perturb_ids(self, ids, rng) -> np.ndarray:
+        """w'_t for every w_t (Algorithm 3, lines 1-6), processed in blocks of ``block`` tokens."""
+        arr = self._ids(ids)
+        V.rng_check("rng", rng)
+        out = np.empty(arr.size, dtype=np.int64)
+        for s in range(0, arr.size, self.block):
+            out[s:s + self.block] = self.projector.project(self.noisy_embeddings(arr[s:s + self.block], rng))
+        return out
+
+    def stream(self, id_blocks: Iterable[np.ndarray], rng) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield ``(clean_block, perturbed_block)`` pairs; memory is bounded by ``block``."""
+        V.rng_check("rng", rng)
+        for ids in id_blocks:
+            arr = self._ids(ids)
+            for s in range(0, arr.size, self.block):
+                part = arr[s:s + self.block]
+                yield part, self.perturb_ids(part, rng)
+
+
+def rechunk(blocks: Iterable[np.ndarray], chunk_tokens: int) -> Iterator[np.ndarray]:
+    """Re-split a stream of id blocks into consecutive chunks of ``chunk_tokens`` (last may be short)."""
+    V.positive_int("chunk_tokens", chunk_tokens)
+    buf: list[np.ndarray] = []
+    have = 0
+    for b in blocks:
+        b = np.asarray(b)
+        while b.size:
+            take = min(chunk_tokens - have, b.size)
+            buf.append(b[:take])
+            have += take
+            b = b[take:]
+            if have == chunk_tokens:
+                yield np.concatenate(buf)
+                buf, have = [], 0
+    if have:
+        yield np.concatenate(buf)

@@ -1,0 +1,223 @@
+"""DP-MIND client side: embedding table, Algorithm 3 perturbation and its metric-DP
+guarantee (statistical tests on the real MiniLM table), projections, streaming, bad input."""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from fedmem.agent.dpmind.embeddings import load_minilm
+from fedmem.agent.dpmind.perturb import (IVFProjector, TokenPerturber, cached_projector, naive_project, rechunk,
+                                         torch_threads)
+from fedmem.attacks.audit import clopper_pearson, epsilon_lower_bound
+from fedmem.dp import MetricLaplace
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    return load_minilm()
+
+
+@pytest.fixture(scope="session")
+def exact(minilm):
+    return cached_projector(minilm[0], "exact", threads=1)
+
+
+@pytest.fixture(scope="session")
+def ivf(minilm):
+    return cached_projector(minilm[0], "ivf", n_clusters=256, n_probe=24, threads=1)
+
+
+# ------------------------------------------------------------------ table & codec
+def test_table_is_packaged_minilm_and_read_only(minilm):
+    table, codec = minilm
+    assert table.matrix.shape == (30522, 384) and table.matrix.dtype == np.float32
+    assert not table.matrix.flags.writeable
+    for tok in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]"):
+        assert table.tokens.index(tok) in table.special_ids
+    assert not set(table.output_ids.tolist()) & set(table.special_ids)
+    ids = codec.encode("The special magic number is 4821937.")
+    assert codec.decode(ids) == "the special magic number is 4821937."
+    assert codec.encode("").size == 0
+
+
+# ------------------------------------------------------------------ projections
+def test_exact_projection_matches_naive_loop_and_fixes_table_points(minilm, exact):
+    table, _ = minilm
+    rng = np.random.default_rng(3)
+    ids = rng.choice(table.output_ids, 2000, replace=False)
+    pts = table.matrix[ids[:40]] + rng.normal(0, 0.05, (40, 384)).astype(np.float32)
+    np.testing.assert_array_equal(exact.project(pts), naive_project(table, pts))
+    # An unperturbed embedding projects to itself (tokens with duplicate rows aside).
+    assert np.mean(exact.project(table.matrix[ids]) == ids) >= 0.99
+
+
+def test_special_tokens_are_never_output(minilm, exact, ivf):
+    table, _ = minilm
+    special = np.array(sorted(table.special_ids))
+    pts = table.matrix[special]  # exactly on special tokens: the nearest *output* token must win
+    for proj in (exact, ivf):
+        out = proj.project(pts)
+        assert not np.isin(out, special).any()
+
+
+def test_ivf_recall_against_exact_in_the_useful_regime(minilm, exact, ivf):
+    """IVF is post-processing (privacy unchanged); its recall@1 is a utility property."""
+    table, codec = minilm
+    ids = codec.encode(" ".join(["the committee tests a risky bet while the rest of the field waits"] * 60)
+                       + " one of the special magic numbers for fluffy-chair is: 4821937.")
+    for eps, floor in ((200.0, 0.99), (400.0, 0.995)):
+        pert = TokenPerturber(MetricLaplace(eps, 384), table, exact)
+        pts = pert.noisy_embeddings(ids, np.random.default_rng(int(eps)))
+        assert np.mean(exact.project(pts) == ivf.project(pts)) >= floor
+
+
+# ------------------------------------------------------- metric-DP guarantee (Eq. 1)
+def _pair(table):
+    """Two real tokens at a moderate distance (``cat`` and ``dog``)."""
+    a, b = table.tokens.index("cat"), table.tokens.index("dog")
+    return a, b, table.distance(a, b)
+
+
+class _GammaShapeOne(MetricLaplace):
+    """Broken: radius ~ Gamma(1, 1/eps), the one-dimensional Laplace radius (384x too little noise)."""
+
+    def sample(self, rng, n=None):
+        z = super().sample(rng, n)
+        r = np.linalg.norm(z, axis=-1, keepdims=True)
+        return z / r * rng.gamma(1.0, 1.0 / self.epsilon, size=r.shape)
+
+
+def _audit(mech, table, projector, n=2000, seed=0):
+    """eps lower bound from the event {output == a}, for inputs a vs b; and d(a, b)."""
+    a, b, d = _pair(table)
+    pert = TokenPerturber(mech, table, projector)
+    out_a = pert.perturb_ids(np.full(n, a), np.random.default_rng(seed))
+    out_b = pert.perturb_ids(np.full(n, b), np.random.default_rng(seed + 1))
+    tp, fp = int(np.sum(out_a == a)), int(np.sum(out_b == a))
+    return epsilon_lower_bound(tp, n, fp, n, alpha=1e-4), d, tp, fp
+
+
+# Any projector is post-processing of the noisy embedding, so the audits use the fast
+# IVF projector; the guarantee being audited is the same.
+def test_metric_dp_ratio_on_real_embeddings_within_bound(minilm, ivf):
+    """Pr[M(a) = a] <= exp(eps * d(a,b)) Pr[M(b) = a] (Def. 3.2), checked with Clopper-Pearson bounds.
+
+    eps = 2: the regime where the broken samplers below are caught by the same check;
+    eps = 60: the output keeps the input token often enough for a non-degenerate event.
+    """
+    table, _ = minilm
+    for eps, min_tp in ((2.0, 0), (60.0, 100)):
+        lb, d, tp, fp = _audit(MetricLaplace(eps, 384), table, ivf)
+        assert tp >= min_tp
+        assert lb <= eps * d, (eps, d, tp, fp, lb)
+
+
+def test_metric_dp_audit_flags_wrong_gamma_shape(minilm, ivf):
+    table, _ = minilm
+    eps = 2.0
+    lb, d, tp, fp = _audit(_GammaShapeOne(eps, 384), table, ivf)
+    assert lb > eps * d, (d, tp, fp, lb)
+
+
+def test_metric_dp_audit_flags_missing_noise_on_one_input(minilm, ivf):
+    """Broken: the projection sees the clean embedding (noise skipped): leaks at any eps."""
+    table, _ = minilm
+    a, b, d = _pair(table)
+    eps, n = 2.0, 2000
+    pert = TokenPerturber(MetricLaplace(eps, 384), table, ivf)
+    out_a = ivf.project(np.repeat(table.matrix[[a]], n, axis=0))  # the bug
+    out_b = pert.perturb_ids(np.full(n, b), np.random.default_rng(1))
+    lb = epsilon_lower_bound(int(np.sum(out_a == a)), n, int(np.sum(out_b == a)), n, alpha=1e-4)
+    assert lb > eps * d
+
+
+def _noise_tests(mech, eps_claimed, n=4000, seed=5):
+    """KS p-values: radius vs Gamma(d, 1/eps_claimed); direction component vs the uniform-sphere law."""
+    z = mech.sample(np.random.default_rng(seed), n)
+    r = np.linalg.norm(z, axis=1)
+    p_r = stats.kstest(r, stats.gamma(a=mech.dim, scale=1.0 / eps_claimed).cdf).pvalue
+    u = (z[:, 0] / r + 1.0) / 2.0  # (1 + <e_1, v>) / 2 ~ Beta((d-1)/2, (d-1)/2) for v uniform on S^{d-1}
+    p_u = stats.kstest(u, stats.beta((mech.dim - 1) / 2, (mech.dim - 1) / 2).cdf).pvalue
+    return p_r, p_u
+
+
+def test_noise_law_matches_density_exp_minus_eps_norm():
+    """The density exp(-eps ||z||) in R^d is exactly: radius ~ Gamma(d, 1/eps), direction uniform.
+
+    In 384 dimensions the privacy loss between two tokens concentrates far below its
+    worst case eps * d(a, b), so a pairwise ratio test cannot see a doubled epsilon;
+    this characterisation test does.
+    """
+    p_r, p_u = _noise_tests(MetricLaplace(100.0, 384), 100.0)
+    assert p_r > 1e-4 and p_u > 1e-4
+
+
+def test_noise_law_test_flags_doubled_epsilon_and_wrong_shape():
+    p_r, _ = _noise_tests(MetricLaplace(200.0, 384), 100.0)  # sampler uses 2x the claimed epsilon
+    assert p_r < 1e-6
+    p_r, _ = _noise_tests(_GammaShapeOne(100.0, 384), 100.0)
+    assert p_r < 1e-6
+
+
+# ------------------------------------------------------------- streaming, chunking
+def test_rechunk_splits_by_token_count():
+    blocks = [np.arange(0, 7), np.arange(7, 8), np.arange(8, 23)]
+    chunks = list(rechunk(blocks, 5))
+    assert [c.size for c in chunks] == [5, 5, 5, 5, 3]
+    np.testing.assert_array_equal(np.concatenate(chunks), np.arange(23))
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        list(rechunk(blocks, 0))
+
+
+def test_stream_memory_does_not_grow_with_length(minilm, ivf):
+    table, _ = minilm
+    pert = TokenPerturber(MetricLaplace(150.0, 384), table, ivf, block=512)
+
+    def peak(n_blocks):
+        blocks = (np.full(512, 2003) for _ in range(n_blocks))
+        tracemalloc.start()
+        total = sum(p.size for _, p in pert.stream(blocks, np.random.default_rng(0)))
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert total == 512 * n_blocks
+        return peak_bytes
+
+    small, large = peak(2), peak(12)
+    assert large < 1.5 * small + (1 << 20)
+
+
+def test_torch_threads_context_restores():
+    import torch
+
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+# -------------------------------------------------------------------- bad input
+def test_bad_parameters_raise_clear_errors(minilm, exact):
+    table, _ = minilm
+    for eps in (0.0, -1.0):
+        with pytest.raises(ValueError, match="epsilon must be positive"):
+            MetricLaplace(eps, 384)
+    with pytest.raises(ValueError, match="mechanism.dim"):
+        TokenPerturber(MetricLaplace(1.0, 10), table, exact)
+    with pytest.raises(TypeError, match="MetricLaplace"):
+        TokenPerturber(object(), table, exact)
+    pert = TokenPerturber(MetricLaplace(1.0, 384), table, exact)
+    with pytest.raises(ValueError, match="ids must be in"):
+        pert.perturb_ids([5, 40000], np.random.default_rng(0))
+    with pytest.raises(TypeError, match="rng"):
+        pert.perturb_ids([5], 42)
+    with pytest.raises(ValueError, match="points must have shape"):
+        exact.project(np.zeros((3, 5)))
+    with pytest.raises(ValueError, match="n_probe"):
+        IVFProjector(table, n_clusters=4, n_probe=8)
+    assert pert.perturb_ids(np.zeros(0, np.int64), np.random.default_rng(0)).size == 0
+    assert math.isfinite(clopper_pearson(0, 10)[1])
