@@ -123,6 +123,8 @@ def cmd_show(args) -> int:
 DEMO_RUNS = [
     ("Undefended: exact receipts leave with every DP answer (papers/003)", "support_leak_40.toml", []),
     ("Gateway: the same federation behind the support-leak gateway", "support_leak_40_gateway.toml", []),
+    ("Gateway + re-run: refused queries re-run under support-safe broadcast", "support_leak_40_gateway.toml",
+     ['federation.on_reject="rerun_broadcast"', 'name="support_leak_40_gateway_rerun"']),
 ]
 
 
