@@ -270,10 +270,8 @@ def _target_turns(pairs):
                 yield p, t.query
 
 
-def test_sensitivity_bound_and_em_ratio_hold_exactly(pairs):
-    """For every target turn of every pair: ||u(M) - u(M')||_inf <= 0.6 (Eq. 6) and the EM
-    probability ratio <= e^eps for every view (Eq. 7 / Theorem 1, Case 3)."""
-    eps = 2.0 / 3
+def _worst_gap_and_log_ratio(pairs, em):
+    """Over every target turn of every pair: max ||u(M) - u(M')||_inf and max |log EM ratio|."""
     worst_gap, worst_ratio = 0.0, 0.0
     for p, q in _target_turns(pairs):
         (slot,) = p.policy.route(q)
@@ -281,8 +279,15 @@ def test_sensitivity_bound_and_em_ratio_hold_exactly(pairs):
         um = SCORER.scores(p.policy, q, slot, [p.stores["M"].items[i] for i in reads])
         un = SCORER.scores(p.policy, q, slot, [p.stores["M'"].items[i] for i in reads])
         worst_gap = max(worst_gap, float(np.max(np.abs(um - un))))
-        em = ExponentialMechanism(eps, SCORER.sensitivity)
         worst_ratio = max(worst_ratio, float(np.max(np.abs(em.log_probabilities(um) - em.log_probabilities(un)))))
+    return worst_gap, worst_ratio
+
+
+def test_sensitivity_bound_and_em_ratio_hold_exactly(pairs):
+    """For every target turn of every pair: ||u(M) - u(M')||_inf <= 0.6 (Eq. 6) and the EM
+    probability ratio <= e^eps for every view (Eq. 7 / Theorem 1, Case 3)."""
+    eps = 2.0 / 3
+    worst_gap, worst_ratio = _worst_gap_and_log_ratio(pairs, ExponentialMechanism(eps, SCORER.sensitivity))
     assert 0.3 < worst_gap <= 0.6 + 1e-12  # the benchmark does exercise the bound
     assert worst_ratio <= eps + 1e-12
 
@@ -291,15 +296,7 @@ def test_wrong_sensitivity_is_caught_by_the_exact_check(pairs):
     """Companions: a declared Delta_u below the true score gap fails Eq. (6); with a third
     of the true Delta_u the EM ratio exceeds e^eps on some benchmark turn."""
     eps = 2.0 / 3
-    em_bad = ExponentialMechanism(eps, SCORER.sensitivity / 3)
-    worst, gap = 0.0, 0.0
-    for p, q in _target_turns(pairs):
-        (slot,) = p.policy.route(q)
-        reads = p.policy.read_set(q, slot)
-        um = SCORER.scores(p.policy, q, slot, [p.stores["M"].items[i] for i in reads])
-        un = SCORER.scores(p.policy, q, slot, [p.stores["M'"].items[i] for i in reads])
-        gap = max(gap, float(np.max(np.abs(um - un))))
-        worst = max(worst, float(np.max(np.abs(em_bad.log_probabilities(um) - em_bad.log_probabilities(un)))))
+    gap, worst = _worst_gap_and_log_ratio(pairs, ExponentialMechanism(eps, SCORER.sensitivity / 3))
     assert gap > SCORER.sensitivity / 2  # a declared Delta_u = 0.3 would violate Eq. (6)
     assert worst > eps
 
