@@ -221,3 +221,58 @@ def test_bad_parameters_raise_clear_errors(minilm, exact):
         IVFProjector(table, n_clusters=4, n_probe=8)
     assert pert.perturb_ids(np.zeros(0, np.int64), np.random.default_rng(0)).size == 0
     assert math.isfinite(clopper_pearson(0, 10)[1])
+
+
+# ------------------------------------------------------------ cascade projector
+from fedmem.agent.dpmind.perturb import CascadeProjector, make_projector  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cascade(minilm):
+    return cached_projector(minilm[0], "cascade", threads=1)
+
+
+def test_cascade_recall_against_exact_at_scenario_epsilons(minilm, exact, cascade):
+    """bfloat16 candidates + exact re-rank: recall@1 >= 0.99 against exact where the NIAH curve moves.
+
+    Post-processing of the noisy embedding, so privacy is unchanged; recall is utility.
+    """
+    table, codec = minilm
+    ids = codec.encode(" ".join(["the committee tests a risky bet while the rest of the field waits for news"] * 200)
+                       + " one of the special magic numbers for fluffy-chair is: 4821937.")[:3000]
+    assert ids.size == 3000
+    for eps in (50.0, 100.0, 200.0):
+        pert = TokenPerturber(MetricLaplace(eps, 384), table, exact)
+        pts = pert.noisy_embeddings(ids, np.random.default_rng(int(eps) + 7))
+        assert np.mean(cascade.project(pts) == exact.project(pts)) >= 0.99, eps
+
+
+def test_cascade_equals_exact_when_m_is_large(minilm, exact):
+    table, _ = minilm
+    n = table.output_ids.size
+    big = CascadeProjector(table, group=16, probe=64, candidates=1024, block=32, threads=1)
+    rng = np.random.default_rng(11)
+    ids = rng.choice(table.output_ids, 300, replace=False)
+    for eps in (50.0, 200.0):
+        pts = TokenPerturber(MetricLaplace(eps, 384), table, exact).noisy_embeddings(ids, rng)
+        np.testing.assert_array_equal(big.project(pts), exact.project(pts))
+    # Exhaustive: every output token is a candidate (table points and noisy points).
+    full = CascadeProjector(table, group=16, probe=-(-n // 16), candidates=n, block=1, threads=1)
+    pts = np.concatenate([table.matrix[ids[:8]], TokenPerturber(MetricLaplace(50.0, 384), table, exact)
+                          .noisy_embeddings(ids[8:16], rng).astype(np.float32)])
+    np.testing.assert_array_equal(full.project(pts), exact.project(pts))
+
+
+def test_cascade_is_default_and_never_outputs_special_tokens(minilm, cascade):
+    table, _ = minilm
+    assert isinstance(TokenPerturber(MetricLaplace(100.0, 384), table).projector, CascadeProjector)
+    assert isinstance(make_projector(table), CascadeProjector)
+    special = np.array(sorted(table.special_ids))
+    assert not np.isin(cascade.project(table.matrix[special]), special).any()
+    assert cascade.project(np.zeros((0, 384))).size == 0
+    with pytest.raises(ValueError, match="candidates"):
+        CascadeProjector(table, candidates=33, probe=2, group=16)
+    with pytest.raises(ValueError, match="probe"):
+        CascadeProjector(table, probe=10**6)
+    with pytest.raises(ValueError, match="projection must be one of"):
+        make_projector(table, "hnsw")

@@ -55,7 +55,8 @@ SCHEMA = {
                           check=lambda v: nonempty(v) or each(positive)(v)),
     },
     "perturb": {
-        "projection": Param(str, "ivf", "nearest-token search", choices=("exact", "ivf")),
+        "projection": Param(str, "cascade", "nearest-token search: cascade (bf16 candidates + exact re-rank), "
+                            "exact, or ivf", choices=("cascade", "exact", "ivf")),
         "n_clusters": Param(int, 256, "IVF cells", check=positive),
         "n_probe": Param(int, 24, "IVF cells searched per token", check=positive),
         "block": Param(int, 8192, "tokens perturbed per block (bounds memory)", check=positive),

@@ -26,6 +26,9 @@ Projectors (all functions of the noisy embeddings only):
   the output set, probe the ``n_probe`` cells whose centroid is nearest, exact search
   inside them. Its recall@1 against exact is measured in tests and in
   ``scripts/bench_dpmind.py``; an approximate answer changes utility, never privacy.
+* :class:`CascadeProjector` (the default): a cheap bfloat16 pass over the whole output
+  set keeps a few candidates per token, which are re-ranked exactly in float64. Its
+  recall@1 against exact is measured: 0.9994-1.0 at epsilon 50-200.
 * :func:`naive_project`: the per-token argmin loop, a baseline for the benchmark only.
 
 :class:`TokenPerturber` streams: it consumes token ids block by block, so memory stays
@@ -207,6 +210,104 @@ class IVFProjector:
         return best_id
 
 
+class CascadeProjector:
+    """Nearest output token by a bfloat16 candidate pass and an exact float64 re-rank.
+
+    1. **Candidate pass** (bfloat16, AMX/AVX512-BF16 matrix units where the CPU has them):
+       for a block of ``block`` noisy embeddings x, one matrix product with the augmented
+       table ``[E_u, ||E_u||^2]`` against ``[-2 x, 1]`` gives the scores
+       ``||E_u||^2 - 2 <E_u, x>`` (= ||E_u - x||^2 - ||x||^2) for every output token u.
+       The output tokens are dealt into ``group`` interleaved slabs, so that
+       "group" c is {c, c + G, c + 2G, ...}; an elementwise minimum over the slabs gives
+       each group's best score, and the ``probe`` groups with the smallest minimum are kept.
+       Of their ``probe * group`` members, the ``candidates`` with the lowest bfloat16
+       score go on (``torch.topk``).
+    2. **Re-rank** (float64): the exact score of each candidate; the argmin (ties go to
+       the lowest token id, as in :class:`ExactProjector`) is the answer.
+
+    The answer is the exact argmin whenever the true nearest token survives the
+    candidate pass, i.e. whenever its bfloat16 score is among the ``candidates`` lowest of
+    the probed groups; the bfloat16 rounding error of a score is about 1e-2, well below
+    the score gaps that decide the winner in most cases. Recall@1 against
+    :class:`ExactProjector` is measured (tests, ``scripts/bench_dpmind.py``): >= 0.999 at
+    epsilon 50, 100 and 200 with the defaults. With ``probe`` equal to the number of
+    groups and ``candidates`` equal to the output-set size the search is exhaustive.
+
+    Privacy: the projector reads only the noisy embeddings, so whatever it returns is
+    post-processing of the epsilon-d_chi private release (Theorem 3.3); a missed
+    candidate changes utility, never privacy.
+    """
+
+    name = "cascade"
+
+    def __init__(self, table: TokenTable, *, candidates: int = 8, group: int = 16, probe: int = 2,
+                 block: int = 256, threads: int | None = None):
+        torch = _torch()
+        self.table = table
+        self.threads = None if threads is None else V.positive_int("threads", threads)
+        self.block = V.positive_int("block", block)
+        self.group = V.positive_int("group", group)
+        ids = np.array(table.output_ids)
+        n, d = ids.size, table.dim
+        self.n_groups = -(-n // self.group)
+        self.probe = V.positive_int("probe", probe)
+        if self.probe > self.n_groups:
+            raise ValueError(f"probe must be <= the number of groups ({self.n_groups}). Found {probe!r}.")
+        self.candidates = V.positive_int("candidates", candidates)
+        if self.candidates > self.probe * self.group:
+            raise ValueError(f"candidates must be <= probe * group ({self.probe * self.group}). "
+                             f"Found {candidates!r}.")
+        padded = self.n_groups * self.group
+        mat = np.array(table.matrix[ids], dtype=np.float64)
+        sq = (mat * mat).sum(1)
+        # Augmented bfloat16 table (D, padded): rows 0..d-1 = E^T, row d = ||E||^2; D is
+        # rounded up to a multiple of 32 for the matrix units. Padding columns score 1e4.
+        self._dim_aug = -(-(d + 1) // 32) * 32
+        aug = np.zeros((padded, self._dim_aug), dtype=np.float32)
+        aug[:n, :d] = mat
+        aug[:n, d] = sq
+        aug[n:, d] = 1e4
+        self._aug_t = torch.from_numpy(aug).to(torch.bfloat16).T.contiguous()  # (D, padded)
+        mat_p = np.zeros((padded, d), dtype=np.float64)
+        mat_p[:n] = mat
+        sq_p = np.full(padded, np.inf)
+        sq_p[:n] = sq
+        self._mat = torch.from_numpy(mat_p.astype(np.float32))  # re-rank rows (float32 storage is exact)
+        self._sq = torch.from_numpy(sq_p)
+        ids_p = np.full(padded, ids[-1] if n else 0, dtype=np.int64)
+        ids_p[:n] = ids
+        self._ids = torch.from_numpy(ids_p)
+        self._offsets = torch.arange(self.group) * self.n_groups  # members of group c: c + offsets
+
+    def project(self, points) -> np.ndarray:
+        torch = _torch()
+        x = torch.from_numpy(_points(self.table, points))
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        with torch_threads(self.threads):
+            xa = torch.zeros(min(self.block, max(x.shape[0], 1)), self._dim_aug, dtype=torch.bfloat16)
+            xa[:, self.table.dim] = 1.0
+            for s in range(0, x.shape[0], self.block):
+                xb = x[s:s + self.block]
+                out[s:s + self.block] = self._project_block(xb, xa[:xb.shape[0]])
+        return out.numpy()
+
+    def _project_block(self, xb, xa):
+        torch = _torch()
+        b, d, g, G = xb.shape[0], self.table.dim, self.group, self.n_groups
+        xa[:, :d] = xb * -2.0
+        sc = torch.mm(xa, self._aug_t)                                     # (b, padded) bfloat16 scores
+        groups = sc.view(b, g, G).amin(1).topk(self.probe, 1, largest=False, sorted=False).indices
+        cols = (groups[:, :, None] + self._offsets).reshape(b, -1)         # (b, probe * group)
+        if self.candidates < cols.shape[1]:
+            keep = sc.gather(1, cols).topk(self.candidates, 1, largest=False, sorted=False).indices
+            cols = cols.gather(1, keep)                                    # (b, candidates)
+        rows = self._mat[cols].to(torch.float64)                           # (b, m, d)
+        exact = self._sq[cols] - 2.0 * torch.bmm(rows, xb.to(torch.float64)[:, :, None]).squeeze(2)
+        best = exact.min(1, keepdim=True).values
+        pick = torch.where(exact == best, cols, torch.iinfo(torch.int64).max).amin(1)
+        return self._ids[pick]
+
+
 def naive_project(table: TokenTable, points) -> np.ndarray:
     """Per-token ``argmin_u ||E_u - x||`` in numpy, one token at a time (benchmark baseline)."""
     pts = _points(table, points)
@@ -223,12 +324,19 @@ def cached_projector(table: TokenTable, kind: str, **kwargs) -> Projector:
     return make_projector(table, kind, **kwargs)
 
 
-def make_projector(table: TokenTable, kind: str, **kwargs) -> Projector:
+PROJECTIONS = ("cascade", "exact", "ivf")
+DEFAULT_PROJECTION = "cascade"
+
+
+def make_projector(table: TokenTable, kind: str = DEFAULT_PROJECTION, **kwargs) -> Projector:
+    """``kind`` is one of :data:`PROJECTIONS`; ``kwargs`` go to that projector's constructor."""
+    if kind == "cascade":
+        return CascadeProjector(table, **kwargs)
     if kind == "exact":
         return ExactProjector(table, **kwargs)
     if kind == "ivf":
         return IVFProjector(table, **kwargs)
-    raise ValueError(f"projection must be 'exact' or 'ivf'. Found {kind!r}.")
+    raise ValueError(f"projection must be one of {list(PROJECTIONS)}. Found {kind!r}.")
 
 
 class TokenPerturber:
@@ -246,7 +354,7 @@ class TokenPerturber:
             raise ValueError(f"mechanism.dim must equal the table dimension {table.dim}. Found {mechanism.dim!r}.")
         self.mechanism = mechanism
         self.table = table
-        self.projector = projector if projector is not None else ExactProjector(table)
+        self.projector = projector if projector is not None else CascadeProjector(table)
         self.block = V.positive_int("block", block)
 
     @property
