@@ -75,6 +75,10 @@ def race(path: str, go: str, n_plain: int) -> None:
         if counts["plain"] < n_plain:
             plain.book(GaussianDpEvent(50.0), label=f"{os.getpid()}")
             counts["plain"] += 1
+        # Step off the CPU between rounds: SQLite's busy handler backs off by sleeping, so
+        # without this a worker that holds the lock can take every booking in a row and
+        # the two processes never actually interleave.
+        time.sleep(0.0005)
     print(json.dumps(counts), flush=True)
 
 

@@ -146,7 +146,8 @@ def test_concurrent_writers_lose_nothing_and_never_overshoot(tmp_path):
         assert plain.count == 2 * n_plain
         # Every charge is attributed to the process that says it made it.
         labels = [c.label for c in led.history()]
-        assert sorted(labels.count(lbl) for lbl in set(labels)) == sorted(o["ledger"] for o in outs)
+        # (a worker that admitted nothing wrote no label, so it has no count on the left)
+        assert sorted(labels.count(lbl) for lbl in set(labels)) == sorted(o["ledger"] for o in outs if o["ledger"])
         store.close()
         # Did both really race for the capped resources? (On a heavily loaded machine one
         # worker can occasionally finish before the other is scheduled: then run again.)
