@@ -80,6 +80,11 @@ def nonempty(v) -> str | None:
     return None if len(v) > 0 else "must not be empty"
 
 
+def nonempty_each(check) -> Callable[[Any], str | None]:
+    """A non-empty list whose every item passes ``check``."""
+    return lambda values: nonempty(values) or each(check)(values)
+
+
 Schema = Mapping[str, "Param | Schema"]
 
 COMMON_SCHEMA: dict[str, Param] = {

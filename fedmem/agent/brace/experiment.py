@@ -24,7 +24,7 @@ from fedmem.agent.brace.mechanism import NoiseSource, brace_run
 from fedmem.agent.brace.params import BraceParams, gamma_max
 from fedmem.dp import samplers
 from fedmem.report import Result, Table
-from fedmem.scenario import Experiment, Param, at_least, each, nonempty, nonnegative, open_unit, positive
+from fedmem.scenario import Experiment, Param, at_least, each, nonempty_each, nonnegative, open_unit, positive
 
 PAPER_BETAS = sorted([10 ** (j / 5) for j in range(-30, 16)] + [12.7427, 20.6914])
 PAPER_MINIMA = {  # papers/001 Sec. 6.2, MNIST-VAE features
@@ -211,10 +211,10 @@ DIG_SCHEMA = {
     },
     "grid": {
         "betas": Param(list, PAPER_BETAS, "inverse temperatures (r = sqrt(2/beta))", item_type=float,
-                       check=lambda v: nonempty(v) or each(positive)(v)),
-        "T": Param(list, [3, 5, 7], "horizons", item_type=int, check=lambda v: nonempty(v) or each(positive)(v)),
+                       check=nonempty_each(positive)),
+        "T": Param(list, [3, 5, 7], "horizons", item_type=int, check=nonempty_each(positive)),
         "epsilons": Param(list, [16.0, 32.0, 64.0], "privacy epsilons", item_type=float,
-                          check=lambda v: nonempty(v) or each(positive)(v)),
+                          check=nonempty_each(positive)),
     },
     "mechanism": {
         "delta": Param(float, 1e-5, "privacy delta", check=open_unit),

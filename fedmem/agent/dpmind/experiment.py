@@ -24,7 +24,7 @@ from fedmem.agent.dpmind.perturb import TokenPerturber, cached_projector
 from fedmem.bench.niah import VARIANTS, make_sample, sentence_stream
 from fedmem.dp import MetricLaplace
 from fedmem.report import Result, Table
-from fedmem.scenario import Experiment, Param, at_least, each, nonempty, positive
+from fedmem.scenario import Experiment, Param, at_least, nonempty_each, positive
 
 CONFIGS = ("memory+denoise", "memory", "chunk_only+denoise", "chunk_only")
 TASKS = ("single", "multi_key", "multi_query")
@@ -45,14 +45,14 @@ SCHEMA = {
                           check=_subset(tuple(VARIANTS))),
         "tasks": Param(list, list(TASKS), "NIAH tasks", item_type=str, check=_subset(TASKS)),
         "lengths": Param(list, [32768, 131072, 524288, 1048576], "context lengths in MiniLM tokens",
-                         item_type=int, check=lambda v: nonempty(v) or each(at_least(64))(v)),
+                         item_type=int, check=nonempty_each(at_least(64))),
         "samples": Param(int, 2, "samples per (variant, task, length)", check=positive),
         "n_keys": Param(int, 4, "needles in multi-key / multi-query samples", check=at_least(2)),
     },
     "privacy": {
         "epsilons": Param(list, [50.0, 75.0, 100.0, 150.0, 200.0],
                           "metric-DP epsilon per token (d_chi, L2 on the MiniLM table)", item_type=(int, float),
-                          check=lambda v: nonempty(v) or each(positive)(v)),
+                          check=nonempty_each(positive)),
     },
     "perturb": {
         "projection": Param(str, "cascade", "nearest-token search: cascade (bf16 candidates + exact re-rank), "
