@@ -197,7 +197,9 @@ def cmd_demo(args) -> int:
         "Undefended, the exact receipts tell the adversary how many (and which) shards hold memories near its "
         "query, and whether a given record is there, whatever the DP noise on the value. With the gateway, "
         "responses whose support is not covered by the accountant are refused (\"no memory available\"), "
-        "and what was emitted before the refusal is still booked. Reports with plots: " + ", ".join(folders))
+        "and what was emitted before the refusal is still booked. With the re-run, refused queries are answered "
+        "again under the support-safe broadcast selection: the support attacks fall to chance and the values "
+        "stay DP. Reports with plots: " + ", ".join(folders))
     return 0
 
 
