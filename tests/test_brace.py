@@ -21,8 +21,10 @@ from fedmem.agent.brace import (BraceMemory, BraceParams, NoiseSource, brace_run
                                 clean_trajectory, gamma_max, phi, rho_eps_delta)
 from fedmem.agent.brace.certificate import (SortedRows, activation_impossible, certificate_terms, count_envelope,
                                             smooth_envelope)
+from fedmem.agent.brace import memory as brace_memory
 from fedmem.attacks.audit import histogram_epsilon_lower_bound
-from fedmem.dp import Accountant, ApproxDpEvent, DurableStore
+from fedmem.dp import Accountant, ApproxDpEvent, DurableStore, GaussianMechanism
+from fedmem.dp import samplers
 from fedmem.errors import BudgetExceeded
 
 
@@ -307,11 +309,141 @@ def test_scenario_rejects_gamma_violating_eq8():
         load_scenario("scenarios/brace_digits.toml", ["mechanism.gamma=0.25"])
 
 
-def test_secure_sampling_recall_runs_and_stays_in_output_ball():
+# ------------------------------------------------------------------ secure sampling (issue 9, item 8)
+def two_adic_valuation(y) -> np.ndarray:
+    """``v`` with ``y = odd * 2**v`` for each float (exact; 0 maps to +64).
+
+    The coarsest power-of-two grid an output lies on: the low-bit statistic that told
+    neighbouring banks apart when the secure grid was derived from the private sigma_t.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    mant, ex = np.frexp(y)
+    M = np.abs(mant * 2.0 ** 53).astype(np.int64)          # exact: |mant| < 1
+    low = M & -M
+    v = ex.astype(np.int64) - 53 + np.log2(np.maximum(low, 1)).astype(np.int64)
+    return np.where(y == 0, 64, v)
+
+
+GRID_EDGES = np.arange(-70.5, 66.5, 1.0)   # one histogram bin per valuation
+
+
+def _secure_audit(a, b, value_edges, delta):
+    """The secure-path privacy check: the larger of two two-way histogram bounds at the
+    booked delta, one on the released values and one on their 2-adic valuations (which
+    grid they lie on). Each ``histogram_epsilon_lower_bound`` call holds with probability
+    >= 1 - 1e-3, so the maximum is a valid lower bound with probability >= 1 - 4e-3."""
+    bounds = []
+    for sa, sb, edges in ((a, b, value_edges), (two_adic_valuation(a), two_adic_valuation(b), GRID_EDGES)):
+        bounds.append(max(histogram_epsilon_lower_bound(sa, sb, edges, delta=delta, alpha=1e-3),
+                          histogram_epsilon_lower_bound(sb, sa, edges, delta=delta, alpha=1e-3)))
+    return max(bounds), bounds
+
+
+class _SigmaGridNoise(NoiseSource):
+    """Broken (the pre-fix behaviour): the secure grid is derived from the bank-dependent
+    sigma_t (``release`` with ``grid=None`` takes ``grid_granularity(sigma)``)."""
+
+    def perturb(self, t, Q, sigma, delta_bar, *, grid=None):
+        rows = [GaussianMechanism(sigma=float(s), l2_sensitivity=float(db)).release(row, self.rng, "secure")
+                for row, s, db in zip(Q, sigma, delta_bar)]
+        return np.stack(rows)
+
+
+STRADDLE_M = 4000
+
+
+@pytest.fixture(scope="module")
+def straddle_setting():
+    """Neighbouring banks whose sigma_1 straddles 2**0: 0.99988 vs 1.00012.
+
+    d = 1, T = 1, q = 0, kappa = 128 (count branch only). ``D`` holds M core records in
+    the gate plus a record at 0 (gate count M + 1); ``D'`` moves that record outside the
+    gate (count M). For M = 4000 the envelope is ``2r/m``, so sigma = nm * 2r/m and r is
+    chosen so that the two sigmas are 1/sqrt(1 + 1/M) and sqrt(1 + 1/M). The released
+    values are statistically indistinguishable; only the grid can tell them apart.
+    """
+    base = dict(T=1, epsilon=2.0, delta=1e-5, d=1)
+    nm = BraceParams(r=1.0, **base).noise_multiplier
+    r = math.sqrt(STRADDLE_M * (STRADDLE_M + 1)) / (2 * nm)
+    p = BraceParams(r=r, **base)
+    core = (np.linspace(-0.3, 0.3, STRADDLE_M) * r)[:, None]
+    D, Dp = np.vstack([core, [[0.0]]]), np.vstack([core, [[5.0 * r]]])
+    sig = [brace_run(X, np.zeros((1, 1)), p, NoiseSource(normals=np.zeros((1, 1, 1)))).sigma[0, 0] for X in (D, Dp)]
+    assert 0.9998 < sig[0] < 1.0 <= sig[1] < 1.0002     # the private sigma crosses a power of two
+    return D, Dp, p
+
+
+def _straddle_recalls(X, p, seed, n=2000):
+    """``n`` recalls through the agent path (:class:`BraceMemory`, secure sampling)."""
+    mem = BraceMemory(X, p, Accountant("rdp"), np.random.default_rng(seed), sampling="secure")
+    return np.array([mem.recall(np.zeros(1))[0] for _ in range(n)])
+
+
+def _jump_secure(X, p, certificate, seed, n=2000):
+    """``n`` secure trajectories batched through ``brace_run`` (what ``recall`` runs)."""
+    run = brace_run(X, np.zeros((n, 1)), p, NoiseSource(rng=np.random.default_rng(seed), sampling="secure"),
+                    certificate=certificate)
+    return run.Y[:, -1, 0]
+
+
+@pytest.mark.parametrize("setting,variant", [("straddle", "correct"), ("straddle", "grid_from_sigma"),
+                                             ("jump", "correct"), ("jump", "raw_count")])
+def test_secure_brace_release_within_booked_budget(setting, variant, straddle_setting, jump_setting,
+                                                   monkeypatch):
+    """Secure BRACE on neighbouring banks stays within the booked (epsilon, delta); the
+    same check catches the grid-from-sigma variant (straddle banks: a grid-membership
+    distinguisher) and the raw-count certificate (jump banks: the value histogram)."""
+    if setting == "straddle":
+        D, Dp, p = straddle_setting
+        if variant == "grid_from_sigma":
+            monkeypatch.setattr(brace_memory, "NoiseSource", _SigmaGridNoise)
+        a, b = _straddle_recalls(D, p, 11), _straddle_recalls(Dp, p, 12)
+        value_edges = np.linspace(-4.0, 4.0, 81)
+    else:
+        D, Dp, p = jump_setting
+        cert = "raw_count" if variant == "raw_count" else "brace"
+        a, b = _jump_secure(D, p, cert, 13), _jump_secure(Dp, p, cert, 14)
+        value_edges = np.linspace(-3.0, 3.0, 121)
+    lb, parts = _secure_audit(a, b, value_edges, p.delta)
+    assert (lb <= p.epsilon) == (variant == "correct"), (setting, variant, parts)
+
+
+def test_secure_recall_is_the_audited_path_on_the_public_grid():
+    """``BraceMemory.recall`` (secure) draws exactly what ``brace_run`` with a secure
+    ``NoiseSource`` draws (the path audited above), on the public grid
+    ``params.secure_grid(n)`` whatever sigma_t, and inside the output ball."""
     rng = np.random.default_rng(4)
     X = rng.normal(size=(50, 2))
-    p = BraceParams(r=1.0, T=2, epsilon=4.0, delta=1e-6, d=2)
+    p = BraceParams(r=3.0, T=2, epsilon=64.0, delta=1e-6, d=2)
+    q = np.array([0.2, 0.1])
     mem = BraceMemory(X, p, Accountant("rdp"), np.random.default_rng(2), sampling="secure")
-    ys = mem.recall_trajectory(np.array([0.2, 0.1]))
-    for t in range(2):
-        assert np.linalg.norm(ys[t] - [0.2, 0.1]) <= (t + 2) * p.r + 1e-9
+    ys = np.array([mem.recall_trajectory(q) for _ in range(20)])
+    ref = brace_run(X, np.repeat(q[None], 1, axis=0), p, NoiseSource(rng=np.random.default_rng(2), sampling="secure"))
+    np.testing.assert_array_equal(ys[0], ref.Y[0])
+    g = p.secure_grid(X.shape[0])
+    assert g == samplers.grid_granularity(p.noise_multiplier * 2 * p.r / 50)
+    for t in range(p.T):
+        dist = np.linalg.norm(ys[:, t] - q, axis=1)
+        assert np.all(dist <= (t + 2) * p.r + 1e-9)
+        inside = dist < (t + 2) * p.r * (1 - 1e-9)          # not projected: exact grid points
+        assert inside.sum() >= 15
+        units = ys[inside, t] / g
+        assert np.all(units == np.round(units))
+
+
+def test_secure_grid_validation():
+    p = BraceParams(r=1.0, T=2, epsilon=2.0, delta=1e-6, d=2)
+    with pytest.raises(ValueError, match="grid must be a power of two.*0.3"):
+        NoiseSource(rng=np.random.default_rng(0), sampling="secure", grid=0.3)
+    with pytest.raises(ValueError, match="grid applies only"):
+        NoiseSource(rng=np.random.default_rng(0), sampling="fast", grid=2.0 ** -20)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        p.secure_grid(0)
+    with pytest.raises(ValueError, match="needs a public grid"):
+        NoiseSource(rng=np.random.default_rng(0), sampling="secure").perturb(
+            1, np.zeros((1, 2)), np.ones(1), np.ones(1))
+    # An explicit public grid is used as given.
+    out = brace_run(np.zeros((5, 2)), np.zeros((3, 2)), p,
+                    NoiseSource(rng=np.random.default_rng(1), sampling="secure", grid=2.0 ** -10)).Y
+    inside = np.linalg.norm(out, axis=2) < 2 * p.r * (1 - 1e-9)
+    assert np.all((out[inside] / 2.0 ** -10) == np.round(out[inside] / 2.0 ** -10))

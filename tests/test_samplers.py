@@ -159,6 +159,33 @@ def test_secure_release_outputs_are_exact_grid_points(kind):
     assert np.max(np.abs(out - x)) < 20 * 1.3            # noise of the right size, not garbage
 
 
+@pytest.mark.parametrize("kind,scale", [("gaussian", 3.0), ("laplace", 0.3)])
+@pytest.mark.parametrize("grid_bits", [-30, -6])
+def test_secure_noise_on_an_explicit_public_grid_keeps_its_law(kind, scale, grid_bits):
+    """With an explicit (public) grid, much finer or much coarser-than-default, the secure
+    noise is still the right law (same KS check as above, which rejects a 10% wrong scale)
+    and every draw is an exact point of that grid."""
+    g = 2.0 ** grid_bits
+    if kind == "gaussian":
+        x = GaussianMechanism(sigma=scale).noise(3000, np_rng(20), sampling="secure", grid=g)
+        law = stats.norm(0, scale)
+    else:
+        x = LaplaceMechanism(scale=scale).noise(3000, np_rng(21), sampling="secure", grid=g)
+        law = stats.laplace(0, scale)
+    assert np.all(x / g == np.round(x / g))
+    # At g = 2**-6 the lattice is visible to KS only at ~g/scale; 3000 draws cannot see it.
+    assert stats.kstest(x, law.cdf).pvalue > ALPHA
+
+
+def test_secure_release_grid_argument_overrides_scale_grid():
+    g = 2.0 ** -12
+    out = GaussianMechanism(sigma=1.3).release(np_rng(22).normal(size=64), np_rng(23), sampling="secure", grid=g)
+    assert np.all(out / g == np.round(out / g))
+    assert not np.all(out / (2 * g) == np.round(out / (2 * g)))   # not confined to a coarser grid
+    with pytest.raises(ValueError, match=r"grid must be a power of two.*Found 0.3"):
+        samplers.secure_release(np.zeros(2), 1.0, np_rng(), kind="gaussian", sensitivity=1.0, grid=0.3)
+
+
 def test_secure_release_rejects_values_beyond_exact_range():
     with pytest.raises(ValueError, match="value is too large"):
         GaussianMechanism(sigma=1.0).release([1e12], np_rng(13), sampling="secure")

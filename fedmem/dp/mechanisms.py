@@ -28,9 +28,13 @@ SamplingMode = Literal["fast", "secure"]
 SAMPLING_MODES = ("fast", "secure")
 
 
-def _check_mode(mode: str) -> str:
+def _check_mode(mode: str, grid=None) -> str:
     if mode not in SAMPLING_MODES:
         raise ValueError(f"sampling must be one of {SAMPLING_MODES}. Found {mode!r}.")
+    if grid is not None:
+        if mode != "secure":
+            raise ValueError(f"grid applies only to sampling='secure'. Found sampling={mode!r}, grid={grid!r}.")
+        samplers.check_grid(grid)
     return mode
 
 
@@ -122,22 +126,29 @@ class GaussianMechanism:
     def event(self) -> dp_accounting.GaussianDpEvent:
         return dp_accounting.GaussianDpEvent(noise_multiplier=self.noise_multiplier)
 
-    def noise(self, shape, rng, sampling: SamplingMode = "fast") -> np.ndarray:
-        _check_mode(sampling)
+    def noise(self, shape, rng, sampling: SamplingMode = "fast", *, grid: float | None = None) -> np.ndarray:
+        """Noise alone. ``grid`` (secure only): a public power-of-two grid; see :meth:`release`."""
+        _check_mode(sampling, grid)
         V.rng_check("rng", rng)
         if sampling == "secure":
-            return samplers.secure_gaussian(self.sigma, shape, rng)
+            return samplers.secure_gaussian(self.sigma, shape, rng, grid=grid)
         return samplers.gaussian(self.sigma, shape, rng)
 
-    def release(self, value, rng, sampling: SamplingMode = "fast") -> np.ndarray:
+    def release(self, value, rng, sampling: SamplingMode = "fast", *, grid: float | None = None) -> np.ndarray:
         """Return ``value`` plus noise. ``value`` must be finite; shape is preserved.
 
         In ``secure`` mode the value is first rounded to the sampler's grid and the noise
         is an exact discrete Gaussian on that grid (see :mod:`fedmem.dp.samplers`).
+        The grid is visible in the outputs' low bits, so it must be public:
+        ``grid=None`` derives it from ``sigma``, which is right when this record was
+        fixed from public parameters (e.g. :meth:`calibrate`); when ``sigma`` or
+        ``l2_sensitivity`` depends on private data (a smooth-sensitivity release such
+        as BRACE's), pass a ``grid`` (power of two) computed from public parameters.
         """
         x = V.finite_array("value", value)
-        if _check_mode(sampling) == "secure":
-            return samplers.secure_release(x, self.sigma, rng, kind="gaussian", sensitivity=self.l2_sensitivity)
+        if _check_mode(sampling, grid) == "secure":
+            return samplers.secure_release(x, self.sigma, rng, kind="gaussian", sensitivity=self.l2_sensitivity,
+                                           grid=grid)
         return x + self.noise(x.shape, rng, sampling)
 
 
@@ -165,17 +176,25 @@ class LaplaceMechanism:
     def event(self) -> dp_accounting.LaplaceDpEvent:
         return dp_accounting.LaplaceDpEvent(noise_multiplier=self.scale / self.l1_sensitivity)
 
-    def noise(self, shape, rng, sampling: SamplingMode = "fast") -> np.ndarray:
-        _check_mode(sampling)
+    def noise(self, shape, rng, sampling: SamplingMode = "fast", *, grid: float | None = None) -> np.ndarray:
+        """Noise alone. ``grid`` (secure only): a public power-of-two grid; see :meth:`release`."""
+        _check_mode(sampling, grid)
         V.rng_check("rng", rng)
         if sampling == "secure":
-            return samplers.secure_laplace(self.scale, shape, rng)
+            return samplers.secure_laplace(self.scale, shape, rng, grid=grid)
         return samplers.laplace(self.scale, shape, rng)
 
-    def release(self, value, rng, sampling: SamplingMode = "fast") -> np.ndarray:
+    def release(self, value, rng, sampling: SamplingMode = "fast", *, grid: float | None = None) -> np.ndarray:
+        """Return ``value`` plus Laplace noise (shape preserved).
+
+        ``secure`` mode: as :meth:`GaussianMechanism.release`; ``grid=None`` derives the
+        grid from ``scale`` (right only when ``scale`` is public); a scale that depends
+        on private data needs an explicit public ``grid`` (power of two).
+        """
         x = V.finite_array("value", value)
-        if _check_mode(sampling) == "secure":
-            return samplers.secure_release(x, self.scale, rng, kind="laplace", sensitivity=self.l1_sensitivity)
+        if _check_mode(sampling, grid) == "secure":
+            return samplers.secure_release(x, self.scale, rng, kind="laplace", sensitivity=self.l1_sensitivity,
+                                           grid=grid)
         return x + self.noise(x.shape, rng, sampling)
 
 

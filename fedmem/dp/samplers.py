@@ -9,7 +9,8 @@ neighbour, so an observer can distinguish them with certainty.
 "The Discrete Gaussian for Differential Privacy", Algorithms 1-3). Randomness is drawn
 as whole bits from the injected RNG and all arithmetic is exact on Python integers and
 ``fractions.Fraction``. A secure release works on a grid of granularity ``g = 2**k``
-(``k`` chosen so that ``g`` is about ``scale * 2**-20``): the value is rounded to the
+(by default ``k`` chosen so that ``g`` is about ``scale * 2**-20``; see "The grid must be
+public" below for when the caller must pass ``grid=`` instead): the value is rounded to the
 grid, integer noise in units of ``g`` (the *same* grid, whatever the inflated noise
 scale) is added, and the result is ``integer * g``, which
 is an exactly representable float, so every output is reachable from every input and
@@ -19,6 +20,19 @@ the low bits carry no information. Rounding to the grid can move a value by up t
 sensitivity`` (L1); the booked record's guarantee therefore still holds. The discrete
 Gaussian with variance parameter sigma^2 satisfies the same rho = Delta^2 / (2 sigma^2)
 zCDP as the continuous one (CKS20 Thm. 4), which is what the RDP accountant uses.
+
+**The grid must be public.** Which grid an output lies on is visible in its low bits
+(``y / g`` is an integer; on the grid ``2g`` only half the time). So the grid may be
+derived from the noise scale only when that scale is public (a fixed-sensitivity
+release whose ``sigma`` is fixed before any data is seen: the default, ``grid=None``).
+When the scale depends on private data (BRACE's ``sigma_t = Delta_bar_t * sqrt(T/(2 rho))``
+comes from a smooth-sensitivity certificate of the bank), a scale of 0.9999 on one bank
+and 1.0001 on its neighbour would put every output on the grid ``2**-21`` versus
+``2**-20``: a distinguisher with delta about 1/2. Such callers pass ``grid=`` explicitly,
+a power of two computed from public parameters only (BRACE: from its public lower bound
+``sqrt(T/(2 rho)) * 2r/n`` on ``sigma_t``, see :meth:`BraceParams.secure_grid`). The
+rounding inflation below works for any grid (it is in units of the grid actually used);
+a grid much finer than the scale only costs speed, a grid much coarser only costs noise.
 
 The secure samplers are pure Python on exact integers (random bytes fetched in blocks);
 they are about two orders of magnitude slower than ``fast`` (roughly 2-3e4 versus 3e6
@@ -173,9 +187,31 @@ def _discrete_gaussian(sigma2: Fraction, bits: _Bits) -> int:
 
 
 def grid_granularity(scale: float) -> float:
-    """The power of two about ``scale * 2**-20`` used as the secure sampler's grid."""
+    """The power of two about ``scale * 2**-20``: the default secure grid for a PUBLIC scale.
+
+    Only use it on a scale that does not depend on private data (or on a public bound on
+    such a scale); the grid is visible in the outputs' low bits (module docstring).
+    """
     V.positive("scale", scale)
     return math.ldexp(1.0, math.floor(math.log2(scale)) - _GRID_BITS)
+
+
+def check_grid(grid) -> float:
+    """Validate an explicit (public) grid: a positive finite power of two.
+
+    A power of two keeps ``integer * grid`` and ``snapped + noise`` exact in binary
+    floating point (any other step would round, and the rounding would depend on the
+    value: a low-bit leak of its own).
+    """
+    g = V.positive("grid", grid)
+    mant, _ = math.frexp(g)
+    if mant != 0.5:
+        raise ValueError(f"grid must be a power of two (exact in binary floating point). Found {grid!r}.")
+    return g
+
+
+def _resolve_grid(scale: float, grid) -> float:
+    return grid_granularity(scale) if grid is None else check_grid(grid)
 
 
 def _to_fraction(x: float) -> Fraction:
@@ -209,38 +245,52 @@ def _count(shape) -> int:
     return int(np.prod(shape)) if shape != () else 1
 
 
-def secure_gaussian(sigma: float, shape, rng) -> np.ndarray:
-    """Discrete Gaussian noise on the grid ``grid_granularity(sigma)``, as floats."""
+def secure_gaussian(sigma: float, shape, rng, *, grid: float | None = None) -> np.ndarray:
+    """Discrete Gaussian noise (std ``sigma``) on the grid ``grid``, as floats.
+
+    ``grid=None`` takes ``grid_granularity(sigma)``, which is only safe when ``sigma`` is
+    public; pass a public power-of-two ``grid`` when ``sigma`` depends on private data.
+    """
     V.positive("sigma", sigma)
-    g = grid_granularity(sigma)
+    g = _resolve_grid(sigma, grid)
     units = _to_fraction(sigma) / _to_fraction(g)
     return (_discrete_ints("gaussian", units, _count(shape), rng) * g).reshape(shape)
 
 
-def secure_laplace(scale: float, shape, rng) -> np.ndarray:
-    """Discrete Laplace noise on the grid ``grid_granularity(scale)``, as floats."""
+def secure_laplace(scale: float, shape, rng, *, grid: float | None = None) -> np.ndarray:
+    """Discrete Laplace noise (scale ``scale``) on the grid ``grid``, as floats.
+
+    ``grid=None`` takes ``grid_granularity(scale)`` (only safe for a public scale).
+    """
     V.positive("scale", scale)
-    g = grid_granularity(scale)
+    g = _resolve_grid(scale, grid)
     units = _to_fraction(scale) / _to_fraction(g)
     return (_discrete_ints("laplace", units, _count(shape), rng) * g).reshape(shape)
 
 
-def secure_release(x: np.ndarray, scale: float, rng, *, kind: str, sensitivity: float) -> np.ndarray:
+def secure_release(x: np.ndarray, scale: float, rng, *, kind: str, sensitivity: float,
+                   grid: float | None = None) -> np.ndarray:
     """Round ``x`` to the grid, add exact discrete noise, return grid points as floats.
 
     ``scale`` is sigma (kind="gaussian") or the Laplace scale (kind="laplace") of the
     booked record; it is inflated to cover the rounding (see the module docstring).
-    Value and noise live on the *same* grid ``g = grid_granularity(scale)``: the noise
-    is an integer multiple of ``g`` drawn at scale ``inflated / g``. (Drawing it on the
-    grid of the inflated scale, which is ``2g`` when the inflation crosses a power of
-    two, would put neighbouring outputs on disjoint cosets: a certain distinguisher.)
+    Value and noise live on the *same* grid ``g``: the noise is an integer multiple of
+    ``g`` drawn at scale ``inflated / g``. (Drawing it on the grid of the inflated
+    scale, which is ``2g`` when the inflation crosses a power of two, would put
+    neighbouring outputs on disjoint cosets: a certain distinguisher.)
+
+    ``grid`` (a power of two) must be PUBLIC. ``None`` derives it from ``scale``
+    (``grid_granularity(scale)``): correct for fixed-sensitivity releases whose scale is
+    fixed in advance, wrong when ``scale`` (or ``sensitivity``) depends on private data,
+    e.g. a smooth-sensitivity release; those callers pass a grid computed from public
+    parameters (the grid is visible in the outputs' low bits).
     """
     V.positive("scale", scale)
     V.positive("sensitivity", sensitivity)
     if kind not in ("gaussian", "laplace"):
         raise ValueError(f"kind must be 'gaussian' or 'laplace'. Found {kind!r}.")
     d = x.size
-    g = grid_granularity(scale)
+    g = _resolve_grid(scale, grid)
     # |round(x) - round(x')| <= |x - x'| + g per coordinate: L2 grows by <= g*sqrt(d), L1
     # by <= g*d. The inflated scale, in units of g, is computed exactly (never rounded down).
     fg, fsens = _to_fraction(g), _to_fraction(sensitivity)
@@ -249,7 +299,7 @@ def secure_release(x: np.ndarray, scale: float, rng, *, kind: str, sensitivity: 
     snapped = np.round(x / g) * g
     if np.any(np.abs(snapped) >= math.ldexp(g, 52)):
         raise ValueError(
-            f"value is too large for exact secure release at scale {scale!r}: "
+            f"value is too large for exact secure release on the grid {g!r} (scale {scale!r}): "
             f"|value| must stay below {math.ldexp(g, 52)!r}. Found {float(np.max(np.abs(x)))!r}."
         )
     noise = _discrete_ints(kind, units, d, rng).reshape(x.shape) * g

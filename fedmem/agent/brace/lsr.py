@@ -49,11 +49,16 @@ def clean_trajectory(X: np.ndarray, q: np.ndarray, r: float, T: int) -> np.ndarr
 
 
 def project_ball(x: np.ndarray, center: np.ndarray, radius) -> np.ndarray:
-    """Euclidean projection of each row of ``x`` onto the closed ball ``B(center, radius)``."""
+    """Euclidean projection of each row of ``x`` onto the closed ball ``B(center, radius)``.
+
+    Rows already inside are returned bit for bit (not as ``center + (x - center)``, which
+    can round), so a secure release that needs no projection stays an exact grid point.
+    """
     diff = x - center
     norm = np.linalg.norm(diff, axis=-1, keepdims=True)
     radius = np.asarray(radius, dtype=np.float64)
     if radius.ndim == 1:
         radius = radius[:, None]
-    scale = np.where(norm > radius, radius / np.where(norm > 0, norm, 1.0), 1.0)
-    return center + diff * scale
+    outside = norm > radius
+    scale = np.where(outside, radius / np.where(norm > 0, norm, 1.0), 1.0)
+    return np.where(outside, center + diff * scale, x)

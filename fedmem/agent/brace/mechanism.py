@@ -14,6 +14,10 @@ Per step t (with ``Y_0 = z_0 = q``)::
     Q_t = Pi_{B(Y_{t-1}, r)}(a_t + H_t R_t)                        (Step 4)
     Delta_bar_t = certificate (see certificate.py)                 (Step 5, Eq. (7))
     Y_t = Pi_{B(q, (t+1) r)}(Q_t + xi_t),  xi_t ~ N(0, T Delta_bar_t^2 / (2 rho) I_d)   (Step 6)
+
+With ``sampling="secure"`` the noise is an exact discrete Gaussian on a grid fixed from
+public parameters (``params.secure_grid(n)``), never from ``sigma_t``: ``sigma_t`` depends
+on the bank, and the grid is visible in the outputs' low bits (see :mod:`fedmem.dp.samplers`).
 """
 
 from __future__ import annotations
@@ -46,9 +50,15 @@ class BraceRun:
 
 class NoiseSource:
     """Standard-normal innovations for a batch: pre-drawn (paired designs) or drawn per
-    step from an injected RNG through :mod:`fedmem.dp` (``fast`` or ``secure``)."""
+    step from an injected RNG through :mod:`fedmem.dp` (``fast`` or ``secure``).
 
-    def __init__(self, *, normals: np.ndarray | None = None, rng=None, sampling: str = "fast"):
+    ``grid`` (secure only, optional): a public power-of-two grid for the secure sampler.
+    When omitted, :func:`brace_run` supplies ``params.secure_grid(n)``. The grid is never
+    derived from ``sigma_t``, which depends on the private bank.
+    """
+
+    def __init__(self, *, normals: np.ndarray | None = None, rng=None, sampling: str = "fast",
+                 grid: float | None = None):
         if (normals is None) == (rng is None):
             raise ValueError("exactly one of normals or rng must be given. Found "
                              f"normals={'set' if normals is not None else None}, rng={rng!r}.")
@@ -56,20 +66,35 @@ class NoiseSource:
             V.rng_check("rng", rng)
         if sampling not in ("fast", "secure"):
             raise ValueError(f"sampling must be 'fast' or 'secure'. Found {sampling!r}.")
-        self.normals, self.rng, self.sampling = normals, rng, sampling
+        if grid is not None:
+            if sampling != "secure" or normals is not None:
+                raise ValueError("grid applies only to rng-driven sampling='secure'. Found "
+                                 f"sampling={sampling!r}, normals={'set' if normals is not None else None}, "
+                                 f"grid={grid!r}.")
+            grid = samplers.check_grid(grid)
+        self.normals, self.rng, self.sampling, self.grid = normals, rng, sampling, grid
 
-    def perturb(self, t: int, Q: np.ndarray, sigma: np.ndarray, delta_bar: np.ndarray) -> np.ndarray:
+    def perturb(self, t: int, Q: np.ndarray, sigma: np.ndarray, delta_bar: np.ndarray, *,
+                grid: float | None = None) -> np.ndarray:
         """``Q + xi_t`` for step ``t`` (1-based), per-row std ``sigma``.
 
-        In ``secure`` mode each row goes through ``GaussianMechanism.release(..., "secure")``
-        (value snapped to the sampler's grid, exact discrete Gaussian noise, noise scale
-        inflated to cover the rounding; see :mod:`fedmem.dp.samplers`).
+        In ``secure`` mode each row goes through ``GaussianMechanism.release(..., "secure",
+        grid=g)`` (value snapped to the public grid ``g``, exact discrete Gaussian noise on
+        it, noise scale inflated to cover the rounding; see :mod:`fedmem.dp.samplers`).
+        ``g`` is this source's ``grid`` if set, else the ``grid`` argument (``brace_run``
+        passes ``params.secure_grid(n)``); secure mode without either raises ``ValueError``.
+        ``sigma`` and ``delta_bar`` depend on the bank, so deriving the grid from them (the
+        ``grid=None`` default of ``release``) would leak through the outputs' low bits.
         """
         if self.normals is not None:
             return Q + self.normals[:, t - 1, :] * sigma[:, None]
         if self.sampling == "fast":
             return Q + samplers.gaussian(1.0, Q.shape, self.rng) * sigma[:, None]
-        rows = [GaussianMechanism(sigma=float(s), l2_sensitivity=float(db)).release(row, self.rng, "secure")
+        g = self.grid if self.grid is not None else grid
+        if g is None:
+            raise ValueError("secure BRACE sampling needs a public grid (sigma_t depends on the bank). "
+                             "Found grid=None.")
+        rows = [GaussianMechanism(sigma=float(s), l2_sensitivity=float(db)).release(row, self.rng, "secure", grid=g)
                 for row, s, db in zip(Q, sigma, delta_bar)]
         return np.stack(rows)
 
@@ -96,6 +121,7 @@ def brace_run(X, starts, params: BraceParams, noise: NoiseSource, *, certificate
     B, d = q.shape
     T, r = params.T, params.r
     cert = Certifier(X, q, params, mode=certificate)
+    grid = params.secure_grid(X.shape[0])   # public: params and n only, never sigma_t
     Y_prev = q.copy()
     z_prev = q.copy()
     out = {k: [] for k in ("Y", "z", "delta_bar", "sigma", "activated", "uncertain", "gate_counts")}
@@ -107,7 +133,7 @@ def brace_run(X, starts, params: BraceParams, noise: NoiseSource, *, certificate
         Q = project_ball(a + H[:, None] * R, Y_prev, r)
         delta_bar, uncertain = cert.step(t, Y_prev, sq, m, a)
         sigma = delta_bar * params.noise_multiplier
-        Y = project_ball(noise.perturb(t, Q, sigma, delta_bar), q, (t + 1) * r)
+        Y = project_ball(noise.perturb(t, Q, sigma, delta_bar, grid=grid), q, (t + 1) * r)
         for k, v in (("Y", Y), ("z", z), ("delta_bar", delta_bar), ("sigma", sigma), ("activated", H),
                      ("uncertain", uncertain), ("gate_counts", m)):
             out[k].append(v)

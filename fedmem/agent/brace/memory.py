@@ -6,6 +6,10 @@ computed from the bank for a query, one ``ApproxDpEvent(epsilon, delta, "brace")
 booked in the (durable) accountant; if the budget refuses, ``BudgetExceeded`` propagates
 and nothing is released. A crash after booking loses nothing booked (fail closed). The
 clean trajectory never leaves this object.
+
+With ``sampling="secure"`` the released points lie on the public grid
+``params.secure_grid(bank size)`` (fixed by public parameters and the public bank size,
+never by the data-dependent ``sigma_t``; see :mod:`fedmem.agent.brace.mechanism`).
 """
 
 from __future__ import annotations

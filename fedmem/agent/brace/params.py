@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from fedmem import _validate as V
 from fedmem.dp import ApproxDpEvent
+from fedmem.dp import samplers
 
 
 def rho_eps_delta(epsilon: float, delta: float) -> float:
@@ -117,6 +118,28 @@ class BraceParams:
     def threshold(self) -> float:
         """tau = sqrt(kappa T) r: correction activates iff ||R_t|| > tau (Eq. (2))."""
         return math.sqrt(self.kappa * self.T) * self.r
+
+    def sigma_floor(self, n: int) -> float:
+        """Public lower bound on every ``sigma_t`` for a bank of ``n`` records.
+
+        The certificate never goes below ``2r/n`` (Eq. (7)), so
+        ``sigma_t >= sqrt(T/(2 rho)) * 2r/n``; ``n`` is public (replacement neighbours).
+        """
+        n = V.positive_int("n", n)
+        return self.noise_multiplier * 2.0 * self.r / n
+
+    def secure_grid(self, n: int) -> float:
+        """The secure sampler's grid for a bank of ``n`` records, from PUBLIC parameters only.
+
+        ``sigma_t`` depends on the bank (through ``Delta_bar_t``), so the grid must not be
+        derived from it: which power-of-two grid an output lies on is visible in its low
+        bits, and a ``sigma_t`` that crosses a power of two between neighbouring banks
+        would be revealed with certainty (see :mod:`fedmem.dp.samplers`). This grid is
+        ``grid_granularity`` of the public floor :meth:`sigma_floor`, i.e. at most about
+        ``sigma_t * 2**-20``: the rounding inflation ``(Delta_bar + g sqrt(d)) / Delta_bar``
+        is then at most ``1 + noise_multiplier * sqrt(d) * 2**-20``.
+        """
+        return samplers.grid_granularity(self.sigma_floor(n))
 
     def event(self) -> ApproxDpEvent:
         """What one released trajectory costs: (epsilon, delta) by Theorem 2 / App. C.2."""
