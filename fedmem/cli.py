@@ -1,7 +1,12 @@
 """``fedmem`` command line: run scenarios, list them, show a kind's keys, run the demo.
 
 Exit codes: 0 success; 1 the run failed (one readable message); 2 invalid scenario or
-usage; 130 interrupted. Tracebacks are shown only with ``FEDMEM_DEBUG=1``.
+usage (including a non-empty ``--out`` folder without ``--resume``); 130 interrupted.
+Tracebacks are shown only with ``FEDMEM_DEBUG=1``.
+
+Terminal tables never truncate a number or a file name, whatever the width (CI logs and
+pipes get 80 columns): columns are sized so that no number or name is cut, a table too
+wide for the terminal is shown in column groups, and as a list when even that fails.
 """
 
 from __future__ import annotations
@@ -18,45 +23,176 @@ from fedmem.errors import FedmemError, ScenarioError
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 
 
+class UsageError(FedmemError):
+    """Bad command-line usage (exit 2), e.g. a non-empty ``--out`` folder without ``--resume``."""
+
+
+class RunFailed(FedmemError):
+    """A run failed for a reason the CLI explains in one line (exit 1)."""
+
+
 def _console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False)
 
 
-def _print_tables(result, console) -> None:
-    from rich.table import Table as RichTable
+# ------------------------------------------------------------------ tables that never truncate
+SHORT_CELL = 24  # cells up to this many characters are never wrapped (numbers, CIs, short labels)
 
+
+def _lines_width(text: str) -> int:
+    from rich.cells import cell_len
+
+    return max((cell_len(line) for line in text.split("\n")), default=0)
+
+
+def _word_width(text: str) -> int:
+    from rich.cells import cell_len
+
+    return max((cell_len(w) for w in text.split()), default=0)
+
+
+def _column_widths(header: str, cells: list[str], keep: bool) -> tuple[int, int]:
+    """(narrowest width that cuts no number, name or short cell; natural width) of one column."""
+    lo = max(_word_width(header), 1)
+    hi = max(_lines_width(header), 1)
+    for c in cells:
+        w = _lines_width(c)
+        hi = max(hi, w)
+        lo = max(lo, w if (keep or w <= SHORT_CELL) else _word_width(c))
+    return lo, hi
+
+
+def _table_width(content_widths) -> int:
+    n = len(content_widths)
+    return sum(w + 2 for w in content_widths) + n + 1  # cell padding 1+1, n+1 vertical borders
+
+
+def print_table(console, title: str, columns, rows, note: str = "", keep=(0,)) -> str:
+    """Print a table on ``console`` without ever cutting a number or a file name.
+
+    ``rows`` hold already formatted strings; columns whose index is in ``keep`` are never
+    wrapped (file names, keys). Returns how it was shown: ``"table"``, ``"groups"`` (the
+    table did not fit, so it was printed in groups of columns, each repeating the first
+    column) or ``"list"`` (not even two columns fit: one ``column: value`` line each).
+    """
+    from rich.table import Table as RichTable
+    from rich.text import Text
+
+    columns = [str(c) for c in columns]
+    rows = [[str(v) for v in r] + [""] * (len(columns) - len(r)) for r in rows]
+    width = max(console.width, 20)
+    ranges = [_column_widths(h, [r[j] for r in rows], j in keep) for j, h in enumerate(columns)]
+
+    def render(idx: list[int], subtitle: str) -> None:
+        lo = [ranges[j][0] for j in idx]
+        hi = [ranges[j][1] for j in idx]
+        if _table_width(hi) <= width:
+            fixed = hi
+        else:  # start from the narrowest safe widths, give the spare room to the widest wants
+            fixed = list(lo)
+            spare = width - _table_width(fixed)
+            while spare > 0:
+                k = max(range(len(idx)), key=lambda i: hi[i] - fixed[i])
+                if hi[k] - fixed[k] <= 0:
+                    break
+                fixed[k] += 1
+                spare -= 1
+        rt = RichTable(title=Text(title + subtitle), title_justify="left")
+        for j, w in zip(idx, fixed):
+            rt.add_column(Text(columns[j]), width=w, overflow="fold", no_wrap=False)
+        for r in rows:
+            rt.add_row(*[Text(r[j]) for j in idx])
+        console.print(rt)
+
+    all_idx = list(range(len(columns)))
+    mode = "table"
+    if _table_width([lo for lo, _ in ranges]) <= width:
+        render(all_idx, "")
+    else:
+        groups, current = [], [0]
+        for j in all_idx[1:]:
+            if _table_width([ranges[i][0] for i in current + [j]]) <= width:
+                current.append(j)
+            elif len(current) > 1:
+                groups.append(current)
+                current = [0, j]
+                if _table_width([ranges[i][0] for i in current]) > width:
+                    groups = None
+                    break
+            else:
+                groups = None
+                break
+        if groups is not None and len(current) > 1:
+            groups.append(current)
+        if groups:
+            mode = "groups"
+            n = len(columns)
+            for g in groups:
+                render(g, f" (columns {g[1] + 1}-{g[-1] + 1} of {n})" if len(g) > 2 else f" (column {g[1] + 1} of {n})")
+        else:
+            mode = "list"
+            console.print(Text(title, style="bold"), soft_wrap=True)
+            for r in rows:
+                console.print(Text(f"- {columns[0]}: {r[0]}"), soft_wrap=True)
+                for h, v in zip(columns[1:], r[1:]):
+                    console.print(Text(f"    {h}: {v}"), soft_wrap=True)
+    if note:
+        console.print(Text(note, style="dim"))
+    return mode
+
+
+def _print_tables(result, console) -> bool:
+    """Print a result's tables; True when every one fitted as a single table."""
     from fedmem.report import _fmt
 
+    whole = True
     for t in result.tables:
-        rt = RichTable(title=t.title, title_justify="left")
-        for c in t.columns:
-            rt.add_column(str(c))
-        for row in t.rows:
-            rt.add_row(*[_fmt(v) for v in row])
-        console.print(rt)
-        if t.note:
-            console.print(f"[dim]{t.note}[/dim]")
+        mode = print_table(console, t.title, t.columns, [[_fmt(v) for v in row] for row in t.rows], t.note)
+        whole = whole and mode == "table"
+    return whole
 
 
-def run_scenario(path, overrides=(), out=None, as_json=False, ray_address=None, show_progress=True):
-    """Load, validate, run and write one scenario. Returns (payload, result, out_dir)."""
+# ------------------------------------------------------------------ running
+RESUME_HELP = ("continue a run in an existing --out folder: the run uses the durable ledgers/accountants "
+               "already there (ledger.sqlite), so privacy budgets already spent stay spent")
+
+
+def check_out_dir(out_dir: Path, resume: bool) -> None:
+    """Refuse an ``--out`` that is a file, or a non-empty folder unless ``resume``."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file, expected a run folder")
+    if resume or not out_dir.is_dir():
+        return
+    entries = sorted(p.name for p in out_dir.iterdir())
+    if entries:
+        shown = ", ".join(entries[:4]) + (f", ... ({len(entries)} entries)" if len(entries) > 4 else "")
+        raise UsageError(
+            f"--out {out_dir} is not empty (it holds {shown}); use a new or empty folder, or pass --resume to "
+            f"continue there: the run then uses the durable ledgers/accountants already in that folder, so "
+            f"budgets already spent stay spent")
+
+
+def run_loaded(scenario, out=None, as_json=False, ray_address=None, show_progress=True, resume=False):
+    """Run an already loaded scenario and write its folder. Returns (payload, result, out_dir)."""
     from fedmem.report import RunContext, write_run
-    from fedmem.scenario import load_scenario
 
-    scenario = load_scenario(path, list(overrides))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if out:
         out_dir = Path(out)
+        check_out_dir(out_dir, resume)
     else:  # a fresh folder per run, even for two runs started in the same second
+        if resume:
+            raise UsageError("--resume needs --out <the run folder to continue>")
         out_dir = Path("runs") / f"{scenario.name}-{stamp}"
         n = 2
         while out_dir.exists():
             out_dir = Path("runs") / f"{scenario.name}-{stamp}-{n}"
             n += 1
+    resumed = bool(resume and out_dir.is_dir() and any(out_dir.iterdir()))
     ctx = RunContext(out_dir, scenario.config["seed"], show_progress=show_progress and not as_json,
-                     ray_address=ray_address, quiet=as_json)
+                     ray_address=ray_address, quiet=as_json, resumed=resumed)
     t0 = time.perf_counter()
     result = scenario.experiment.run(scenario.config, ctx)
     wall = time.perf_counter() - t0
@@ -64,15 +200,72 @@ def run_scenario(path, overrides=(), out=None, as_json=False, ray_address=None, 
     return payload, result, out_dir
 
 
+def run_scenario(path, overrides=(), out=None, as_json=False, ray_address=None, show_progress=True,
+                 resume=False):
+    """Load, validate, run and write one scenario. Returns (payload, result, out_dir).
+
+    A non-empty ``out`` folder is refused (:class:`UsageError`) unless ``resume``: its
+    durable ledgers/accountants would carry over into this run.
+    """
+    from fedmem.scenario import load_scenario
+
+    scenario = load_scenario(path, list(overrides))
+    return run_loaded(scenario, out, as_json, ray_address, show_progress, resume)
+
+
+def _largest_settings(config, n: int = 3) -> str:
+    """The scenario's ``n`` largest numeric settings (not the seed), as ``key=value``."""
+    found = []
+
+    def walk(d, prefix):
+        for k, v in d.items():
+            if hasattr(v, "items"):
+                walk(v, f"{prefix}{k}.")
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seed":
+                found.append((abs(v), f"{prefix}{k}={v!r}"))
+            elif isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                   for x in v):
+                found.append((max(abs(x) for x in v), f"{prefix}{k}={v!r}"))
+
+    walk(config, "")
+    found.sort(key=lambda t: -t[0])
+    return ", ".join(text for _, text in found[:n])
+
+
+def resource_message(exc: BaseException, config=None) -> str:
+    """One readable line for MemoryError / OverflowError / RecursionError."""
+    sizes = _largest_settings(config) if config is not None else ""
+    where = f" such as {sizes}" if sizes else " (the sizes and counts in the scenario)"
+    detail = f": {exc}" if str(exc) else ""
+    if isinstance(exc, MemoryError):
+        return f"out of memory (MemoryError{detail}) - reduce sizes{where}"
+    if isinstance(exc, OverflowError):
+        return f"a number grew too large (OverflowError{detail}) - check extreme values{where}"
+    if isinstance(exc, RecursionError):
+        return f"recursion too deep (RecursionError{detail}) - reduce sizes{where}"
+    return f"{type(exc).__name__}{detail}"
+
+
 def cmd_run(args) -> int:
-    payload, result, out_dir = run_scenario(args.file, args.set or [], args.out, args.json, args.ray_address)
+    from fedmem.scenario import load_scenario
+
+    if args.resume and not args.out:
+        raise UsageError("--resume needs --out <the run folder to continue>")
+    scenario = load_scenario(args.file, list(args.set or []))
+    try:
+        payload, result, out_dir = run_loaded(scenario, args.out, args.json, args.ray_address, resume=args.resume)
+    except (MemoryError, OverflowError, RecursionError) as exc:
+        raise RunFailed(resource_message(exc, scenario.config)) from exc
     if args.json:
         print(json.dumps(payload, indent=2))
     else:
+        from rich.text import Text
+
         console = _console()
-        _print_tables(result, console)
-        console.print(f"run folder: {out_dir}  (results.json, report.md, "
-                      f"{len(payload['figures'])} plot(s)); wall {payload['wall_s']:.1f} s")
+        whole = _print_tables(result, console)
+        extra = "" if whole else f"; full tables in {out_dir / 'report.md'}"
+        console.print(Text(f"run folder: {out_dir}  (results.json, report.md, {len(payload['figures'])} plot(s)); "
+                           f"wall {payload['wall_s']:.1f} s{extra}"), soft_wrap=True)
     return 0 if result.ok else 1
 
 
@@ -84,25 +277,18 @@ def cmd_list(args) -> int:
     if not files:
         print(f"no scenarios in {directory}", file=sys.stderr)
         return 2
-    from rich.table import Table as RichTable
-
-    table = RichTable(title=f"scenarios in {directory}", title_justify="left")
-    table.add_column("file")
-    table.add_column("kind")
-    table.add_column("description")
+    rows = []
     for f in files:
         try:
             data = read_toml(f)
-            table.add_row(f.name, str(data.get("kind", "?")), str(data.get("description", "")))
+            rows.append([f.name, str(data.get("kind", "?")), str(data.get("description", ""))])
         except ScenarioError as exc:
-            table.add_row(f.name, "INVALID", exc.problems[0][1])
-    _console().print(table)
+            rows.append([f.name, "INVALID", exc.problems[0][1]])
+    print_table(_console(), f"scenarios in {directory}", ["file", "kind", "description"], rows, keep=(0, 1))
     return 0
 
 
 def cmd_show(args) -> int:
-    from rich.table import Table as RichTable
-
     from fedmem.registry import get_experiment, known_kinds
     from fedmem.scenario import describe_schema, full_schema
 
@@ -110,27 +296,26 @@ def cmd_show(args) -> int:
         exp = get_experiment(args.kind)
     except KeyError:
         raise ScenarioError([("kind", f"unknown experiment {args.kind!r} (one of: {', '.join(known_kinds())})")])
-    table = RichTable(title=f"{exp.kind}: {exp.description}", title_justify="left")
-    for c in ("key", "type", "default", "meaning"):
-        table.add_column(c)
-    for row in describe_schema(full_schema(exp)):
-        table.add_row(*row)
-    _console().print(table)
+    print_table(_console(), f"{exp.kind}: {exp.description}", ["key", "type", "default", "meaning"],
+                describe_schema(full_schema(exp)), keep=(0,))
     return 0
 
 
 # The demo: what `make demo` runs. Each entry is (title, scenario file, overrides).
+# The demo runs the whole adversary library with fewer trials than the shipped scenarios (4 targets x 60
+# trials per world instead of 8 x 100) so that it finishes in a few minutes; `fedmem run FILE` runs them in full.
+DEMO_SIZE = ["attack.targets=4", "attack.repeats=60", "attack.timing_trials=20"]
 DEMO_RUNS = [
-    ("Undefended: exact receipts leave with every DP answer (papers/003)", "support_leak_40.toml", []),
-    ("Gateway: the same federation behind the support-leak gateway", "support_leak_40_gateway.toml", []),
-    ("Gateway + re-run: refused queries re-run under support-safe broadcast", "support_leak_40_gateway.toml",
-     ['federation.on_reject="rerun_broadcast"', 'name="support_leak_40_gateway_rerun"']),
+    ("Undefended: exact receipts leave with every DP answer (papers/003)", "support_leak_40.toml", DEMO_SIZE),
+    ("Gateway: the same receipts behind the support-leak gateway", "support_leak_40_gateway.toml", DEMO_SIZE),
+    ("Gateway + broadcast: answered by the support-safe broadcast instead", "support_leak_40_gateway.toml",
+     DEMO_SIZE + ['federation.on_reject="rerun_broadcast"', 'name="support_leak_40_gateway_rerun"']),
 ]
 
 
 def cmd_demo(args) -> int:
     """Run DEMO_RUNS and print what the adversary got in each, side by side."""
-    from rich.table import Table as RichTable
+    from rich.text import Text
 
     def _demo_rows(runs) -> list[tuple[str, list[str]]]:
         """Comparison rows (label, one cell per run) from the runs' metrics."""
@@ -162,12 +347,19 @@ def cmd_demo(args) -> int:
         rows.append(("  ... leak proven (epsilon lower bound, 95%)",
                      [num(get(m, "differencing", "eps_lower"), "{:.2f}") for m in runs]))
         rows.append(("  ... epsilon booked for that query",
-                     [num(get(m, "booked_epsilon_per_query"), "{:.2f}") for m in runs]))
+                     [num(get(m, "differencing", "eps_booked"), "{:.2f}") for m in runs]))
         rows.append(("support-leaky answers that reached the agent",
                      [num(get(m, "forwarded_leaky"), "{}") for m in runs]))
         rows.append(("answers with a channel the accountant does not cover",
                      [num(get(m, "forwarded_unbooked"), "{}") for m in runs]))
-        rows.append(("total epsilon booked (all channels emitted)",
+        rows.append(("attacks that leak beyond what was booked",
+                     [", ".join(k for k, v in get(m, "attacks", default={}).items()
+                                if str(v.get("verdict", "")).startswith(("LEAKS", "EXCEEDS"))) or "none"
+                      for m in runs]))
+        rows.append(("  ... of attacks run (refusals, admission, timing, retries, sybils, ...)",
+                     [str(len(get(m, "attacks", default={}))) for m in runs]))
+        rows.append(("verdict", [num(get(m, "verdict")) for m in runs]))
+        rows.append(("total epsilon booked (adaptive stream)",
                      [num(get(m, "epsilon_spent_total"), "{:.3g}") for m in runs]))
         rows.append(("utility: MSE of released mean vs exact mean",
                      [num(get(m, "utility_mse"), "{:.3g}") for m in runs]))
@@ -182,35 +374,36 @@ def cmd_demo(args) -> int:
         console.rule(f"{i}/{len(DEMO_RUNS)}  {title}")
         payload, result, out_dir = run_scenario(SCENARIO_DIR / fname, overrides, None, False, args.ray_address)
         _print_tables(result, console)
-        console.print(f"run folder: {out_dir}")
+        console.print(Text(f"run folder: {out_dir}"), soft_wrap=True)
         runs.append(payload["metrics"])
         folders.append(str(out_dir))
     console.rule("Comparison")
-    table = RichTable(title="What the adversary got", title_justify="left")
-    table.add_column("")
-    for title, _, _ in DEMO_RUNS:
-        table.add_column(title.split(":", 1)[0])
-    for label, cells in _demo_rows(runs):
-        table.add_row(label, *cells)
-    console.print(table)
+    print_table(console, "What the adversary got", [""] + [title.split(":", 1)[0] for title, _, _ in DEMO_RUNS],
+                [[label, *cells] for label, cells in _demo_rows(runs)], keep=())
     console.print(
         "Undefended, the exact receipts tell the adversary how many (and which) shards hold memories near its "
         "query, and whether a given record is there, whatever the DP noise on the value. With the gateway, "
-        "responses whose support is not covered by the accountant are refused (\"no memory available\"), "
-        "and what was emitted before the refusal is still booked. With the re-run, refused queries are answered "
-        "again under the support-safe broadcast selection: the support attacks fall to chance and the values "
-        "stay DP. Reports with plots: " + ", ".join(folders))
+        "releases whose support channels cannot be booked are refused before anything is computed, with one "
+        "uniform \"no memory available\" that says nothing about the data (the refusal, admission and timing "
+        "attacks read it and find nothing). With the broadcast fallback the same queries are answered under the "
+        "support-safe broadcast selection: the support attacks fall to chance and every answer is booked. "
+        "Reports with plots: " + ", ".join(folders))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fedmem import __version__
+
     p = argparse.ArgumentParser(prog="fedmem", description="Federated agent memory under DP, and attacks on it.")
+    p.add_argument("--version", action="version", version=f"fedmem {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="validate and run one scenario file")
     r.add_argument("file", help="scenario TOML file, e.g. scenarios/support_leak_40.toml")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key (TOML literal), repeatable: --set federation.shards=100")
-    r.add_argument("--out", help="run folder (default runs/<name>-<timestamp>)")
+    r.add_argument("--out", help="run folder (default runs/<name>-<timestamp>); must be new or empty "
+                                 "unless --resume is given")
+    r.add_argument("--resume", action="store_true", help=RESUME_HELP)
     r.add_argument("--json", action="store_true", help="print results.json to stdout; no progress bars")
     r.add_argument("--ray-address", help="attach to an existing Ray cluster instead of starting a local one")
     r.set_defaults(func=cmd_run)
@@ -229,18 +422,38 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     debug = os.environ.get("FEDMEM_DEBUG") == "1"
+    hint = "(FEDMEM_DEBUG=1 shows the traceback)"
     try:
         return args.func(args)
     except ScenarioError as exc:
         print(f"fedmem: {exc}", file=sys.stderr)
         return 2
+    except UsageError as exc:
+        print(f"fedmem: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("fedmem: interrupted", file=sys.stderr)
         return 130
+    except RunFailed as exc:
+        if debug:
+            raise
+        print(f"fedmem: run failed: {exc} {hint}", file=sys.stderr)
+        return 1
+    except (MemoryError, OverflowError, RecursionError) as exc:
+        if debug:
+            raise
+        print(f"fedmem: run failed: {resource_message(exc)} {hint}", file=sys.stderr)
+        return 1
     except (FedmemError, ValueError, TypeError, OSError, RuntimeError, TimeoutError) as exc:
         if debug:
             raise
-        print(f"fedmem: run failed: {type(exc).__name__}: {exc} (FEDMEM_DEBUG=1 shows the traceback)",
+        print(f"fedmem: run failed: {type(exc).__name__}: {exc} {hint}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug: still one readable line, the traceback on request
+        if debug:
+            raise
+        msg = " ".join(str(exc).split())
+        print(f"fedmem: run failed: internal error {type(exc).__name__}{': ' + msg if msg else ''} {hint}",
               file=sys.stderr)
         return 1
 

@@ -182,3 +182,36 @@ def test_refused_booking_of_unsupported_event_writes_nothing(tmp_path):
     with pytest.raises(TypeError):
         acc.book(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(1.0)))
     assert _rows(path)["accountant_events"] == 0
+
+
+# ------------------------------------------------------------------ scenario name (run folder)
+@pytest.mark.parametrize("name, message", [
+    ("../../x", "must not contain a path separator"),
+    ("a/b", "must not contain a path separator"),
+    ("a\\\\b", "must not contain a path separator"),
+    (".", "must not be '.' or '..'"),
+    ("..", "must not be '.' or '..'"),
+    ("x\\u0000y", "must not contain a NUL character"),
+])
+def test_scenario_name_must_stay_inside_runs(name, message):
+    from pathlib import Path
+
+    from fedmem.errors import ScenarioError
+    from fedmem.scenario import load_scenario
+
+    demo = Path(__file__).resolve().parent.parent / "scenarios" / "dp_demo.toml"
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(demo, [f'name="{name}"', "seed=-1"])
+    problems = dict(info.value.problems)
+    assert problems[f"{demo}: name"].startswith(message), problems
+    assert f"{demo}: seed" in problems  # every problem at once
+
+
+@pytest.mark.parametrize("name", ["run-1", "my.run", "..x", "a..b", "\u00e9t\u00e9 2026"])
+def test_ordinary_scenario_names_accepted(name):
+    from pathlib import Path
+
+    from fedmem.scenario import load_scenario
+
+    demo = Path(__file__).resolve().parent.parent / "scenarios" / "dp_demo.toml"
+    assert load_scenario(demo, [f'name="{name}"']).name == name
