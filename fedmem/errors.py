@@ -17,16 +17,17 @@ class BudgetExceeded(FedmemError):
 
 
 class SupportPrivacyViolation(FedmemError):
-    """The gateway refused a federated response: "no memory available for this query".
+    """The federation refused a query: "no memory available for this query".
 
-    This is never an empty result. ``reasons`` lists every check that failed; ``booked``
-    lists what was charged for channels that had already been emitted.
+    This is never an empty result. What an agent receives is identical for every refusal
+    (constant text, only the public ``query_id``), so a refusal carries no information
+    about the private records; the reasons are in the operator's audit log
+    (``Federation.audit``), never in the exception.
     """
 
-    def __init__(self, message: str, *, reasons: tuple[str, ...] = (), booked: tuple = ()):
+    def __init__(self, message: str = "no memory available for this query", *, query_id: int | None = None):
         super().__init__(message)
-        self.reasons = tuple(reasons)
-        self.booked = tuple(booked)
+        self.query_id = query_id
 
 
 class ScenarioError(FedmemError):

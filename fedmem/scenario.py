@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,8 @@ class Param:
 
     ``check(value)`` returns an error message or ``None``. ``choices`` restricts the
     value to a set. ``float`` keys accept integers. ``type=list`` keys may give
-    ``item_type`` for their elements.
+    ``item_type`` for their elements. ``allow_inf`` lets a float key be ``inf`` (TOML
+    ``inf``), e.g. a budget that is explicitly disabled.
     """
 
     type: type | tuple[type, ...] = float
@@ -42,6 +44,7 @@ class Param:
     choices: tuple | None = None
     check: Callable[[Any], str | None] | None = None
     item_type: type | None = None
+    allow_inf: bool = False
 
     @property
     def required(self) -> bool:
@@ -76,6 +79,18 @@ def each(check) -> Callable[[Any], str | None]:
     return run
 
 
+def safe_name(v) -> str | None:
+    """A run-folder name: no path separators, not "." or ".." (the folder must stay under runs/)."""
+    seps = [c for c in ("/", "\\", os.sep, os.altsep) if c]
+    if any(c in v for c in seps):
+        return f"must not contain a path separator ('/' or '\\'), found {v!r}"
+    if v in (".", ".."):
+        return f"must not be '.' or '..', found {v!r}"
+    if "\x00" in v:
+        return f"must not contain a NUL character, found {v!r}"
+    return None
+
+
 def nonempty(v) -> str | None:
     return None if len(v) > 0 else "must not be empty"
 
@@ -89,9 +104,16 @@ Schema = Mapping[str, "Param | Schema"]
 
 COMMON_SCHEMA: dict[str, Param] = {
     "kind": Param(str, help="registered experiment, e.g. 'federation.support_leak' (see `fedmem list`)"),
-    "name": Param(str, "", help="short name used for the run folder (default: file stem)"),
+    "name": Param(str, "", check=safe_name,
+                  help="short name used for the run folder (default: file stem); no '/' or '\\', not '.' or '..'"),
     "description": Param(str, "", help="one line shown by `fedmem list`"),
     "seed": Param(int, 0, help="seed of every RNG in the run", check=nonnegative),
+    "ray": {
+        "num_cpus": Param(int, 0, help="CPUs of the private local Ray instance (0 = the machine's count); "
+                          "ignored with --ray-address", check=nonnegative),
+        "object_store_mb": Param(int, 0, help="object store of the local Ray instance in MiB (0 = Ray's default)",
+                                 check=nonnegative),
+    },
 }
 
 
@@ -194,7 +216,8 @@ def _validate(data: Mapping, schema: Schema, prefix: str, problems: list, out: d
         if not _type_ok(value, spec):
             problems.append((loc, f"must be {_article(_type_name(spec))}, found {value!r} ({type(value).__name__})"))
             continue
-        if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not
+                                                               (spec.allow_inf and value > 0))):
             problems.append((loc, f"must be finite, found {value!r}"))
             continue
         if spec.item_type is not None and isinstance(value, list):
@@ -308,35 +331,31 @@ def describe_schema(schema: Schema, prefix: str = "") -> list[tuple[str, str, st
         else:
             default = "(required)" if spec.required else repr(spec.default)
             extra = f" One of {list(spec.choices)}." if spec.choices else ""
-            rows.append((prefix + key, _type_name(spec), default, spec.help + extra))
+            if extra and spec.help and not spec.help.endswith("."):
+                extra = "." + extra
+            rows.append((prefix + key, _type_name(spec), default, (spec.help + extra).strip()))
     return rows
 
 
-def dump_toml(data: Mapping, prefix: str = "") -> str:
-    """Minimal TOML writer for resolved scenarios (scalars, lists, nested tables)."""
+def _plain(data: Mapping) -> dict:
+    return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in data.items()}
 
-    def lit(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(lit(x) for x in v) + "]"
-        if v is None:
-            return '""'
-        raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
-    lines, tables = [], []
-    for k, v in data.items():
-        if isinstance(v, Mapping):
-            tables.append((k, v))
-        else:
-            lines.append(f"{k} = {lit(v)}")
-    for k, v in tables:
-        name = prefix + k
-        lines.append("")
-        lines.append(f"[{name}]")
-        lines.append(dump_toml(v, name + ".").rstrip("\n"))
-    return "\n".join(line for line in lines) + "\n"
+def dump_toml(data: Mapping) -> str:
+    """TOML text of a resolved scenario, written by ``tomli_w`` (so any string round-trips).
+
+    ``tomllib.loads(dump_toml(d)) == d`` for every scenario value: strings (control
+    characters, quotes, backslashes, any unicode), numbers, booleans, lists, nested tables.
+    A ``None`` value has no TOML form and raises ``TypeError`` naming the key.
+    """
+    import tomli_w
+
+    def check(d: Mapping, prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, Mapping):
+                check(v, f"{prefix}{k}.")
+            elif v is None:
+                raise TypeError(f"{prefix}{k} is None, which TOML cannot write")
+
+    check(data, "")
+    return tomli_w.dumps(_plain(data))

@@ -13,13 +13,14 @@ def rng():
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A local Ray (2 CPUs, no dashboard) started once per test session, shut down at the end."""
+    """A private local Ray (2 CPUs, no dashboard) started once per test session, shut down at the end."""
     import ray
+
+    from fedmem._ray import ensure_ray
 
     started = False
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        started = True
+        started = ensure_ray(num_cpus=2)   # a private local instance, beside any other cluster
     yield ray
     if started:
         ray.shutdown()

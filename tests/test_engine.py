@@ -11,7 +11,6 @@ import pytest
 from fedmem.bench.shards import make_clustered_shards, sample_queries, with_record
 from fedmem.dp import Accountant
 from fedmem.errors import FederationFault, SupportPrivacyViolation
-from fedmem.federation.client import MemoryClient
 from fedmem.federation.engine import Federation, FederationConfig, Response
 
 S, N, KD, VD = 12, 20, 16, 8
@@ -27,9 +26,14 @@ def queries(data):
     return sample_queries(data, 24, np.random.default_rng(4))
 
 
+UNDEFENDED = dict(gateway=False, receipts="expose", calibration="global", epsilon_budget=math.inf,
+                  total_epsilon_budget=math.inf, support_budget_bits=math.inf, total_support_budget_bits=math.inf)
+
+
 def cfg(**kw):
+    """Undefended papers/003 federation unless a test asks for more (the defaults are defended)."""
     base = dict(shards=S, records_per_shard=N, key_dim=KD, value_dim=VD, mpc="plaintext", hosts=1, k_local=2,
-                selection="threshold", threshold=0.5, n_bound=S, timeout_s=20.0)
+                selection="threshold", threshold=0.5, n_bound=S, timeout_s=20.0, **UNDEFENDED)
     base.update(kw)
     return FederationConfig(**base)
 
@@ -45,15 +49,15 @@ def test_undefended_receipts_are_exact_and_unaccounted(data, queries, ray_local)
         truths = f.ground_truth_many(queries)
         assert all(isinstance(r, Response) for r in rs)
         for r, t in zip(rs, truths):
-            assert r.channels == ("value", "receipts", "count")
+            assert r.channels == ("value", "receipts", "count", "value:calibration")
             np.testing.assert_array_equal(r.receipts, t.tallies)  # exact: the support channel leaks
             assert r.count == t.count
         counts = {t.contributors for t in truths}
         assert len(counts) >= 3  # the contributing set depends on the query
-        assert all(a.unaccounted == ("receipts", "count") for a in f.audit)
+        assert all(a.unaccounted == ("receipts", "count", "value:calibration") for a in f.audit)
         # only the value channel was booked: the accountant does not cover the receipts
         assert f.accountant.count == len(queries)
-        assert rs[-1].epsilon_spent == pytest.approx(f.accountant.spent(1e-6))
+        assert rs[-1].epsilon_spent == pytest.approx(f.accountant.spent(1e-6))   # one (anonymous) principal
         assert rs[-1].epsilon_spent > rs[0].epsilon_spent
 
 
@@ -91,70 +95,133 @@ def test_differencing_exact_receipts_reveal_membership(data, queries, ray_local)
 
 
 # ------------------------------------------------------------------ gateway in the engine
-def test_gateway_rejects_leaky_responses_and_books_nothing(data, queries, ray_local):
-    with fed(data, ray_local, gateway=True) as f:
-        client = MemoryClient(f, family="agent")
-        with pytest.raises(SupportPrivacyViolation, match="no memory available") as ei:
+DEFENDED = dict(gateway=True, calibration="realized")
+
+
+def test_default_config_is_defended():
+    c = FederationConfig()
+    assert c.gateway and c.calibration == "realized" and c.selection == "topk" and c.receipts == "suppress"
+    assert all(math.isfinite(v) for v in c.budgets.values())
+
+
+def test_gateway_refuses_unbookable_releases_uniformly_and_books_nothing(data, queries, ray_local):
+    with pytest.warns(UserWarning, match="every query of this federation will be refused"):
+        f = fed(data, ray_local, **DEFENDED)
+    with f:
+        client = f.connect()
+        with pytest.raises(SupportPrivacyViolation) as ei:
             client.retrieve(queries[0])
-        assert "support_leak" in ei.value.reasons and ei.value.booked == ()
+        assert str(ei.value) == "no memory available for this query" and set(vars(ei.value)) == {"query_id"}
         assert f.accountant.count == 0 and client.responses == [] and len(client.refusals) == 1
-        rs = f.retrieve_many(queries[:6])
+        rs = client.retrieve_many(queries[:6])
         assert all(isinstance(r, SupportPrivacyViolation) for r in rs)
-        assert all(a.decision == "rejected" and a.channels == () for a in f.audit)
+        assert len({str(r) for r in rs}) == 1
+        assert all(a.decision == "refused" and a.channels == () and a.reasons == ("unbookable",) for a in f.audit)
+        assert all(a.realized_n is None for a in f.audit)   # refused before anything was computed
 
 
-def test_rerun_broadcast_releases_support_safe_answer(data, queries, ray_local):
-    with fed(data, ray_local, gateway=True, on_reject="rerun_broadcast") as f:
-        r = f.retrieve(queries[1])
+def test_refusals_are_identical_on_neighbouring_datasets(data, queries, ray_local):
+    """What a refused agent receives does not depend on the records (type, text, attributes, length)."""
+    q = queries[0]
+    seen = []
+    for d in (data, with_record(data, 0, q, np.full(VD, 0.1))):
+        with pytest.warns(UserWarning):
+            f = fed(d, ray_local, **DEFENDED)
+        with f:
+            rs = f.connect().retrieve_many(np.repeat(q[None], 3, axis=0))
+            seen.append([(type(r).__name__, str(r), len(str(r)), sorted(vars(r))) for r in rs])
+    assert seen[0] == seen[1]
+
+
+def test_rerun_broadcast_answers_support_safely(data, queries, ray_local):
+    with fed(data, ray_local, on_reject="rerun_broadcast", **DEFENDED) as f:
+        r = f.connect().retrieve(queries[1])
         assert r.selection == "broadcast" and np.all(r.receipts == 2.0) and r.count == S * 2
-        assert f.audit[-1].decision == "admitted_rerun" and "support_leak" in f.audit[-1].reasons
+        assert f.audit[-1].decision == "admitted_fallback" and f.audit[-1].reasons == ("unbookable",)
         assert f.audit[-1].unaccounted == () and f.accountant.count == 1
 
 
-def test_global_calibration_mismatch_rejected(data, queries, ray_local):
-    with fed(data, ray_local, gateway=True, receipts="broadcast", calibration="global", n_bound=400) as f:
-        with pytest.raises(SupportPrivacyViolation) as ei:
-            f.retrieve(queries[0])
-        assert ei.value.reasons == ("calibration_mismatch",)
+def test_global_calibration_with_threshold_cannot_be_defended():
+    with pytest.raises(ValueError, match="cannot be defended") as ei:
+        cfg(gateway=True, calibration="global", selection="threshold")
+    assert "calibration='realized'" in str(ei.value) and "gateway=False" in str(ei.value)
+    cfg(gateway=True, calibration="global", selection="topk", k=3)   # public count: allowed, booked as delivered
 
 
-def test_noised_receipts_admitted_until_family_budget(data, queries, ray_local):
+def test_noised_receipts_charged_per_principal_not_per_label(data, queries, ray_local):
     acc = Accountant()
-    with fed(data, ray_local, acc, gateway=True, selection="topk", k=3, receipts="noised",
-             receipt_sigma=6.0, support_budget_bits=2.0, calibration="realized") as f:
-        rs = f.retrieve_many(queries[:8], families=["fam"] * 8)
+    with fed(data, ray_local, acc, selection="threshold", receipts="noised", receipt_sigma=6.0,
+             support_budget_bits=2.0, total_support_budget_bits=3.0, **DEFENDED) as f:
+        a = f.connect()
+        rs = a.retrieve_many(queries[:8], families=[f"fresh-{i}" for i in range(8)])   # labels do not help
         ok = [r for r in rs if isinstance(r, Response)]
         assert 1 <= len(ok) < 8
         assert all(isinstance(r, SupportPrivacyViolation) for r in rs[len(ok):])
         assert ok[0].receipts.dtype == np.float64 and ok[0].channels == ("value", "receipts", "count")
-        assert acc.count == len(ok)  # value + receipts of each admitted query, one composed booking each
-        assert isinstance(f.retrieve(queries[9], family="fresh"), Response)
+        assert acc.count == len(ok) and a.support_bits_spent <= 2.0
+        b = f.connect()                       # a second principal has its own budget ...
+        got = [isinstance(r, Response) for r in b.retrieve_many(queries[:8])]
+        assert any(got)
+        assert f.gateway.support_bits(None) <= 3.0 + 1e-9   # ... but the total caps the Sybil
 
 
 def test_retry_of_unknown_query_rejected_and_known_retry_composes(data, queries, ray_local):
-    with fed(data, ray_local, gateway=True, receipts="broadcast", calibration="realized") as f:
-        with pytest.raises(SupportPrivacyViolation) as ei:
-            f.retrieve(queries[0], retry_of=1234)
-        assert ei.value.reasons == ("retry_unbooked",)
-        first = f.retrieve(queries[0], family="a")
-        retry = f.retrieve(queries[0] + 0.01, family="b", retry_of=first.query_id)
-        assert retry.epsilon_spent > first.epsilon_spent
-        assert f.audit[-1].family == "a" and f.audit[-1].retry_of == first.query_id
+    with fed(data, ray_local, receipts="broadcast", **DEFENDED) as f:
+        c = f.connect()
+        with pytest.raises(SupportPrivacyViolation):
+            c.retrieve(queries[0], retry_of=1234)
+        assert f.audit[-1].reasons == ("retry_unbooked",)
+        first = c.retrieve(queries[0], family="a")
+        retry = c.retrieve(queries[0] + 0.01, family="b", retry_of=first.query_id)
+        silent = c.retrieve(queries[0])
+        assert silent.epsilon_spent > retry.epsilon_spent > first.epsilon_spent
+        assert f.audit[-2].retry_of == first.query_id
 
 
-def test_budget_refusal_releases_nothing(data, queries, ray_local):
-    """Booking precedes release: once the accountant's budget refuses, no response is built."""
-    from fedmem.errors import BudgetExceeded
-
-    acc = Accountant(budget=(10.0, 1e-6))
-    with fed(data, ray_local, acc, selection="topk", k=3, receipts="broadcast", calibration="realized") as f:
-        rs = f.retrieve_many(queries[:6])
+def test_epsilon_budget_refusal_releases_nothing(data, queries, ray_local):
+    """Booking precedes release: once a budget refuses, no response is built; the refusal is uniform."""
+    acc = Accountant()
+    with fed(data, ray_local, acc, selection="topk", k=3, receipts="broadcast", epsilon_budget=10.0,
+             total_epsilon_budget=15.0, **DEFENDED) as f:
+        a = f.connect()
+        rs = a.retrieve_many(queries[:6])
         ok = [r for r in rs if isinstance(r, Response)]
-        assert 1 <= len(ok) < 6 and all(isinstance(r, BudgetExceeded) for r in rs[len(ok):])
-        assert acc.count == len(ok) and acc.spent(1e-6) <= 10.0
-        assert [a.decision for a in f.audit].count("budget_exceeded") == 6 - len(ok)
-        with pytest.raises(BudgetExceeded):
-            f.retrieve(queries[7])
+        assert 1 <= len(ok) < 6 and all(isinstance(r, SupportPrivacyViolation) for r in rs[len(ok):])
+        assert acc.count == len(ok) and a.epsilon_spent <= 10.0
+        assert [x.reasons for x in f.audit].count(("epsilon_budget",)) == 6 - len(ok)
+        b = f.connect()
+        assert sum(isinstance(r, Response) for r in b.retrieve_many(queries[:6])) >= 1
+        assert acc.spent(1e-6) <= 15.0
+        assert ok[0].event == {"type": "gaussian", "noise_multiplier": 1.2}
+
+
+def test_principals_are_issued_not_chosen(data, ray_local, tmp_path):
+    from fedmem.dp import DurableStore
+
+    store = DurableStore(tmp_path / "fed.sqlite")
+    with fed(data, ray_local, Accountant(store=store, name="fed")) as f:
+        ids = [f.connect().principal for _ in range(3)]
+        assert len(set(ids)) == 3
+        with pytest.raises(ValueError, match="principal must be an id this federation issued"):
+            f.connect("i-choose-my-own")
+        assert f.connect(ids[0]).principal == ids[0]   # operator re-attaches a known principal
+    with fed(data, ray_local, Accountant(store=store, name="fed")) as f:   # restart on the same store
+        assert f.connect().principal not in ids
+
+
+def test_huge_and_tiny_queries_are_normalised_not_zeroed(data, queries, ray_local):
+    with fed(data, ray_local) as f:
+        t = f.ground_truth(queries[0])
+        for scale in (1e300, 1e-300):
+            assert f.ground_truth(queries[0] * scale).count == t.count
+            r = f.retrieve(queries[0] * scale)
+            np.testing.assert_array_equal(r.receipts, t.tallies)
+
+
+def test_batch_size_is_limited(data, queries, ray_local):
+    with fed(data, ray_local, max_batch=4) as f:
+        with pytest.raises(ValueError, match="max_batch=4"):
+            f.retrieve_many(queries[:5])
 
 
 # ------------------------------------------------------------------ faults
@@ -183,8 +250,76 @@ def test_host_killed_mid_query_fails_closed_then_recovers(data, queries, ray_loc
         assert not th.is_alive() and time.perf_counter() - t0 < 25.0
         assert isinstance(outcome.get("e"), FederationFault) and "r" not in outcome
         assert "nothing was released or booked" in str(outcome["e"])
-        assert f.accountant.count == booked and len(f.audit) == 1
+        assert f.accountant.count == booked and [a.decision for a in f.audit] == ["admitted", "fault"]
         assert isinstance(f.retrieve(queries[1]), Response)  # dead host re-created from the data
+
+
+class _FlakyParties:
+    """Plaintext parties that fail on the ``fail_on``-th run call (counting from 1)."""
+
+    n_parties = 2
+
+    def __init__(self, fail_on: int):
+        from fedmem.federation.mpc import PlaintextParties
+
+        self.inner, self.calls, self.fail_on = PlaintextParties(2), 0, fail_on
+
+    def run(self, packets, spec):
+        from fedmem.errors import MpcFailure
+
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise MpcFailure(f"party 1 died in run {self.calls}")
+        return self.inner.run(packets, spec)
+
+    def close(self):
+        return None
+
+
+@pytest.mark.parametrize("fail_on", [1, 2])
+def test_batch_fault_in_either_route_books_nothing(data, queries, ray_local, fail_on):
+    """A batch answered partly by the primary route and partly by the broadcast fallback: a party
+    failing in the first or in the second computation books nothing for the whole batch."""
+    acc = Accountant()
+    f = Federation(cfg(selection="topk", k=3, receipts="noised", receipt_sigma=6.0, support_budget_bits=1.5,
+                       on_reject="rerun_broadcast", **DEFENDED),
+                   data, accountant=acc, rng=np.random.default_rng(2), parties=_FlakyParties(fail_on))
+    with f:
+        c = f.connect()
+        with pytest.raises(FederationFault, match="nothing was released or booked"):
+            c.retrieve_many(queries[:4])
+        assert acc.count == 0 and c.epsilon_spent == 0.0 and c.support_bits_spent == 0.0
+        assert [a.decision for a in f.audit] == ["fault"] * 4
+        routes = f.gateway   # the reservations were dropped: the next batch is decided afresh
+        rs = c.retrieve_many(queries[:4])
+        kinds = [r.selection for r in rs]
+        assert kinds[0] == "topk" and "broadcast" in kinds     # both routes were really exercised
+        assert acc.count == 4 and routes.support_bits(c.principal) <= 1.5
+
+
+def test_shard_host_killed_between_routes_books_nothing(data, queries, ray_local):
+    """The shard host dies after the primary route's computation, before the fallback's: the
+    whole batch fails closed and nothing of the primary route is booked either."""
+    acc = Accountant()
+    holder = {}
+
+    class KillHostAfterFirstRun(_FlakyParties):
+        def run(self, packets, spec):
+            out = self.inner.run(packets, spec)
+            if self.calls == 0:
+                ray_local.kill(holder["f"].hosts[0], no_restart=True)
+            self.calls += 1
+            return out
+
+    f = Federation(cfg(selection="topk", k=3, receipts="noised", receipt_sigma=6.0, support_budget_bits=1.5,
+                       on_reject="rerun_broadcast", timeout_s=10.0, **DEFENDED),
+                   data, accountant=acc, rng=np.random.default_rng(2), parties=KillHostAfterFirstRun(0))
+    holder["f"] = f
+    with f:
+        c = f.connect()
+        with pytest.raises(FederationFault, match="shard hosts"):
+            c.retrieve_many(queries[:4])
+        assert acc.count == 0 and c.epsilon_spent == 0.0
 
 
 def test_hung_host_times_out(data, queries, ray_local):
@@ -221,7 +356,9 @@ def test_shard_host_actor_has_no_torch_and_bad_queries_are_named(data, ray_local
     (dict(hosts=13), "hosts must be <= shards"),
     (dict(parties=4, mpc="crypten"), "parties must be 2 or 3"),
     (dict(threshold=2.0), "threshold must be a cosine similarity"),
-    (dict(tolerance=-1), "tolerance must be >= 0"),
+    (dict(k_local=N + 1), "k_local must be <= records_per_shard"),
+    (dict(epsilon_budget=0.0), "epsilon_budget must be positive"),
+    (dict(max_batch=0), "max_batch must be >= 1"),
 ])
 def test_config_validation(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -267,7 +404,7 @@ def test_failed_compute_parties_fail_closed(data, queries, ray_local):
     with f:
         with pytest.raises(FederationFault, match="compute parties failed"):
             f.retrieve(queries[0])
-        assert f.accountant.count == 0 and f.audit == []
+        assert f.accountant.count == 0 and [a.decision for a in f.audit] == ["fault"]
 
 
 def test_killed_crypten_party_fails_closed(data, queries, ray_local, crypten_parties):

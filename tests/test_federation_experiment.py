@@ -1,157 +1,36 @@
-"""The federation.support_leak experiment: validation, the attack pipeline, an end-to-end CLI run."""
+"""The federation.support_leak experiment: validation, every attack of the library against the
+real engine (Ray shard hosts, plaintext parties), and broken federations caught by the same checks."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fedmem import cli
-from fedmem.dp import GaussianMechanism
 from fedmem.errors import SupportPrivacyViolation
 
 ROOT = Path(__file__).resolve().parent.parent
 SCEN = ROOT / "scenarios"
 
-
-# ------------------------------------------------------------------ a small fake engine
-@dataclass(frozen=True)
-class _Resp:
-    query_id: int
-    value: np.ndarray
-    count: float | None
-    receipts: np.ndarray | None
-    channels: tuple
-    epsilon_spent: float
+SMALL = ["federation.shards=12", "federation.records_per_shard=20", "federation.key_dim=16",
+         "federation.value_dim=8", "federation.n_bound=12", "federation.hosts=1", "federation.mpc=\"plaintext\"",
+         "data.clusters=6", "attack.queries=20", "attack.targets=2", "attack.repeats=30", "attack.r=3",
+         "attack.timing_trials=12", "attack.retry_counts=[1, 3]", "attack.sybils=4", "attack.sybil_queries=12"]
 
 
-@dataclass(frozen=True)
-class _Truth:
-    sum: np.ndarray
-    count: int
-    tallies: np.ndarray
-    contributing: np.ndarray
+def _run(tmp_path, scenario, overrides, name="run"):
+    payload, result, _ = cli.run_scenario(SCEN / scenario, overrides, tmp_path / name, as_json=True,
+                                          show_progress=False)
+    return payload["metrics"]
 
 
-class FakeFederation:
-    """Numpy stand-in with the engine's API: threshold selection, Gaussian noise, receipts policy.
-
-    Enough to exercise the experiment's bookkeeping without Ray; the real engine is used
-    in the end-to-end test below.
-    """
-
-    def __init__(self, config, data, *, accountant, rng, ray_address=None, parties=None):
-        self.c, self.data, self.acc, self.rng, self.i = config, data, accountant, rng, 0
-
-    def ground_truth(self, q):
-        q = q / np.linalg.norm(q)
-        tallies, sums = [], np.zeros(self.data.value_dim)
-        for k, v in zip(self.data.keys, self.data.values):
-            s = k @ q
-            top = np.argsort(-s)[: self.c.k_local]
-            sel = top[s[top] >= self.c.threshold] if self.c.selection == "threshold" else top
-            tallies.append(len(sel))
-            sums += v[sel].sum(0)
-        t = np.array(tallies)
-        return _Truth(sums, int(t.sum()), t, t > 0)
-
-    def retrieve(self, q, family=None, retry_of=None):
-        tr = self.ground_truth(q)
-        if tr.count == 0:
-            raise SupportPrivacyViolation("no memory available", reasons=("empty",))
-        n = self.c.n_bound if self.c.calibration == "global" else tr.count
-        mech = GaussianMechanism.from_noise_multiplier(self.c.sigma, self.c.clip / n)
-        self.acc.book(mech.event(), "value")
-        channels = ["value"]
-        if self.c.receipts == "expose":
-            channels += ["receipts", "count"]
-        if self.c.gateway and self.c.receipts == "expose":
-            raise SupportPrivacyViolation("no memory available", reasons=("support leak",), booked=("value",))
-        self.i += 1
-        return _Resp(self.i, mech.release(tr.sum / tr.count, self.rng),
-                     float(tr.count) if self.c.receipts == "expose" else None,
-                     tr.tallies.copy() if self.c.receipts == "expose" else None,
-                     tuple(channels), self.acc.spent(self.c.delta))
-
-    def close(self):
-        pass
-
-
-@dataclass(frozen=True)
-class _Cfg:
-    shards: int
-    records_per_shard: int
-    key_dim: int
-    value_dim: int
-    clip: float
-    k_local: int
-    selection: str
-    k: int
-    threshold: float
-    sigma: float
-    delta: float
-    calibration: str
-    n_bound: int
-    receipts: str
-    gateway: bool
-
-
-@pytest.fixture
-def fake_engine(monkeypatch):
-    from fedmem.federation import experiment as E
-
-    names = set(_Cfg.__dataclass_fields__)
-    monkeypatch.setattr(E, "federation_config", lambda cfg: _Cfg(**{k: v for k, v in cfg.federation.to_dict().items()
-                                                                     if k in names}))
-    monkeypatch.setattr(E, "make_federation", lambda config, data, **kw: FakeFederation(config, data, **kw))
-
-    class NoServices:                     # no Ray, no parties: the fake computes in numpy
-        parties = None
-
-        def __init__(self, cfg, ray_address):
-            pass
-
-        def close(self):
-            pass
-
-    monkeypatch.setattr(E, "Services", NoServices)
-
-
-SMALL = ["federation.shards=8", "federation.records_per_shard=12", "federation.key_dim=16",
-         "federation.value_dim=8", "federation.n_bound=8", "federation.hosts=1", "federation.mpc=\"plaintext\"",
-         "data.clusters=4", "attack.queries=30", "attack.targets=3", "attack.repeats=6",
-         "attack.retry_counts=[1, 4]"]
-
-
-def _run(tmp_path, overrides, name="run"):
-    payload, result, _ = cli.run_scenario(SCEN / "support_leak_40.toml", overrides, tmp_path / name,
-                                          as_json=True, show_progress=False)
-    return payload, result
-
-
-def test_pipeline_on_fake_engine_undefended(tmp_path, fake_engine):
-    payload, result = _run(tmp_path, SMALL)
-    m = payload["metrics"]
-    assert m["reconstruction"]["rate"] == 1.0          # exposed exact receipts
-    assert m["forwarded_leaky"] > 0
-    assert m["differencing"]["auc"] > 0.5
-    assert m["retries_booked"] is True
-    eps = [r["eps_r"] for r in m["retries"] if r["mode"] == "declared"]
-    assert eps == sorted(eps) and eps[-1] > eps[0]
-    for fig in ("reconstruction.png", "membership_roc.png", "epsilon.png"):
-        assert (tmp_path / "run" / fig).exists()
-    assert (tmp_path / "run" / "report.md").read_text().count("Attack metrics") == 1
-
-
-def test_pipeline_on_fake_engine_gateway_rejects_everything_leaky(tmp_path, fake_engine):
-    payload, _ = _run(tmp_path, SMALL + ["federation.gateway=true"], "gw")
-    m = payload["metrics"]
-    assert m["forwarded_leaky"] == 0 and m["rejected"] == m["queries"]
-    assert m["bookings_of_rejected"] == m["queries"]    # the fake emits (and books) the value before refusing
-    assert m["differencing"]["auc"] == 0.5
+def _attacks(only):
+    return ["attack.attacks=[" + ", ".join(f'"{a}"' for a in only) + "]"]
 
 
 # ------------------------------------------------------------------ validation
@@ -168,7 +47,7 @@ def test_invalid_scenario_reports_every_problem_with_exit_code_2(tmp_path, capsy
     assert "Traceback" not in err
     bad2 = tmp_path / "bad2.toml"
     bad2.write_text('kind = "federation.support_leak"\n[federation]\nshards = 4\nk_local = 5\nselection = "topk"\n'
-                    'k = 500\nrecords_per_shard = 3\nhosts = 9\n')
+                    'k = 500\nrecords_per_shard = 3\nhosts = 9\ncalibration = "global"\ngateway = false\n')
     assert cli.main(["run", str(bad2)]) == 2
     err = capsys.readouterr().err
     for needle in ("federation.k:", "federation.k_local", "federation.hosts", "federation.n_bound"):
@@ -182,8 +61,23 @@ def test_shipped_scenarios_validate():
     assert len(files) == 5
     for p in files:
         sc = load_scenario(p)
-        assert sc.config.federation.shards == 40 and sc.config.attack.queries == 300
-        assert sc.config.federation.sigma == 1.2 and sc.config.federation.delta == 1e-6
+        f = sc.config.federation
+        assert f.shards == 40 and sc.config.attack.queries == 300 and f.sigma == 1.2 and f.delta == 1e-6
+        assert set(sc.config.attack.attacks) == set(__import__("fedmem.federation.experiment",
+                                                               fromlist=["ATTACKS"]).ATTACKS)
+        text = p.read_text()
+        if not f.gateway:      # every undefended setting is explicit in the file
+            assert "gateway = false" in text and "epsilon_budget = inf" in text
+        for key in ("gateway", "epsilon_budget", "total_epsilon_budget", "support_budget_bits",
+                    "total_support_budget_bits", "calibration", "receipts"):
+            assert f"\n{key} = " in text, (p.name, key)
+
+
+def test_global_threshold_behind_gateway_is_a_scenario_error(tmp_path, capsys):
+    assert cli.main(["run", str(SCEN / "support_leak_40_gateway.toml"), "--set", 'federation.calibration="global"',
+                     "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "federation.calibration" in err and "cannot be defended" in err
 
 
 def test_demo_runs_support_leak_undefended_and_gateway(monkeypatch, capsys):
@@ -205,36 +99,124 @@ def test_demo_runs_support_leak_undefended_and_gateway(monkeypatch, capsys):
     assert "300 / 0" in out and "0 / 300" in out
 
 
-# ------------------------------------------------------------------ end to end (real engine)
-E2E = ["federation.shards=10", "federation.records_per_shard=20", "federation.key_dim=32",
-       "federation.value_dim=16", "federation.n_bound=10", "federation.hosts=1", "federation.mpc=\"plaintext\"",
-       "data.clusters=4", "attack.queries=24", "attack.targets=2", "attack.repeats=8",
-       "attack.retry_counts=[1, 3]"]
+# ------------------------------------------------------------------ the adversary library, real engine
+DEFENDED_VARIANTS = {
+    "gateway": ("support_leak_40_gateway.toml", []),
+    "gateway-rerun": ("support_leak_40_gateway.toml", ['federation.on_reject="rerun_broadcast"']),
+    "noised": ("support_leak_40_noised.toml", []),
+    "broadcast": ("support_leak_40_broadcast.toml", []),
+    "topk-laplace-seed7": ("support_leak_40_gateway.toml", ['federation.selection="topk"', 'federation.noise="laplace"',
+                                                            "federation.receipts=\"suppress\"", "seed=7"]),
+    "shards16-threshold-noised-laplace": ("support_leak_40_noised.toml", ["federation.shards=16",
+                                                                          'federation.noise="laplace"', "seed=11"]),
+}
 
 
-def test_end_to_end_through_cli_undefended_then_gateway(tmp_path, ray_local):
-    """The real engine (Ray shard hosts, plaintext parties) through ``fedmem run --json``."""
+@pytest.mark.parametrize("variant", list(DEFENDED_VARIANTS))
+def test_defended_scenarios_leak_no_more_than_booked(tmp_path, ray_local, variant):
+    """Every attack of the library, against every shipped defended scenario and variants (seeds,
+    shard counts, selections, Laplace noise, receipt policies): the empirical epsilon never exceeds
+    what was booked for what the adversary saw, and where nothing was booked the AUC is 0.5."""
+    scenario, extra = DEFENDED_VARIANTS[variant]
+    m = _run(tmp_path, scenario, SMALL + extra)
+    assert m["verdict"] == "within booked", {k: v.get("verdict") for k, v in m["attacks"].items()}
+    for name, x in m["attacks"].items():
+        if "auc" in x and x["eps_booked"] == 0.0:
+            assert x["auc_ci"][0] <= 0.5 <= x["auc_ci"][1], (name, x["auc"], x["auc_ci"])
+    assert m["forwarded_leaky"] == 0 and m["forwarded_unbooked"] == 0
+
+
+def test_undefended_scenario_keeps_the_papers_leaks(tmp_path, ray_local):
+    m = _run(tmp_path, "support_leak_40.toml", SMALL)
+    assert m["verdict"] == "LEAKS BEYOND BOOKED"
+    assert m["reconstruction"]["rate"] >= 0.9 and m["forwarded_leaky"] == m["forwarded"] > 0
+    assert m["attacks"]["differencing"]["auc"] > 0.9
+    assert m["principal_spreading"]["verdict"] == "EXCEEDS TOTAL BUDGET"
+    assert m["retries_booked"] is True
+
+
+# ---- broken federations: each caught by the same attack that passes the real one above
+def _broken(monkeypatch, make):
+    from fedmem.federation import experiment as E
+    from fedmem.federation.engine import Federation
+
+    monkeypatch.setattr(E, "make_federation", lambda config, data, **kw: make(Federation)(config, data, **kw))
+
+
+def _count_in_refusal(Federation):
+    class CountInRefusal(Federation):
+        """The old bug: the refusal names the realized count."""
+
+        def retrieve_many(self, qs, *a, **k):
+            out = super().retrieve_many(qs, *a, **k)
+            truths = self.ground_truth_many(qs)
+            return [SupportPrivacyViolation(f"no memory available: realized n={t.count}", query_id=r.query_id)
+                    if isinstance(r, SupportPrivacyViolation) else r for r, t in zip(out, truths)]
+    return CountInRefusal
+
+
+def _admission_by_count(Federation):
+    class AdmissionByCount(Federation):
+        """The old calibration-mismatch check: refuse when |n - n_bound| > 2 (a data-dependent decision)."""
+
+        def retrieve_many(self, qs, *a, **k):
+            out = super().retrieve_many(qs, *a, **k)
+            truths = self.ground_truth_many(qs)
+            return [SupportPrivacyViolation(query_id=r.query_id)
+                    if abs(t.count - self.config.n_bound) > 2 else r for r, t in zip(out, truths)]
+    return AdmissionByCount
+
+
+def _slow_when_many(Federation):
+    class SlowWhenMany(Federation):
+        """Work that grows with the selected count (e.g. an unpadded loop over the selection)."""
+
+        def retrieve_many(self, qs, *a, **k):
+            n = sum(t.count for t in self.ground_truth_many(qs))
+            time.sleep(0.004 * n)
+            return super().retrieve_many(qs, *a, **k)
+    return SlowWhenMany
+
+
+# small booked epsilon per answer (sigma 20, receipt_sigma 40) so that a leak of a few nats is provable
+LOW_EPS = ["federation.sigma=20.0", "federation.receipt_sigma=40.0"]
+
+BROKEN = {
+    "refusal_content": ("support_leak_40_gateway.toml", [], _count_in_refusal),
+    "admission_oracle": ("support_leak_40_noised.toml", LOW_EPS + ["attack.repeats=60"], _admission_by_count),
+    "timing": ("support_leak_40_gateway.toml", ["attack.timing_trials=30"], _slow_when_many),
+}
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["real", "broken"])
+@pytest.mark.parametrize("attack", list(BROKEN))
+def test_attack_catches_its_broken_federation(tmp_path, ray_local, monkeypatch, attack, broken):
+    scenario, extra, make = BROKEN[attack]
+    if broken:
+        _broken(monkeypatch, make)
+    m = _run(tmp_path, scenario, SMALL + extra + _attacks([attack]))
+    x = m["attacks"][attack]
+    if broken:
+        assert x["verdict"] == "LEAKS BEYOND BOOKED", x
+        assert x["eps_lower"] > x["eps_booked"]
+    else:
+        assert x["verdict"] == "within booked", x
+    if attack == "admission_oracle":
+        assert m["boundary_queries_found"] >= 1        # the offline search found its boundary query
+
+
+def test_end_to_end_through_cli_json(tmp_path, ray_local):
+    """``fedmem run --json`` on the real engine attaches to the session's Ray and leaves it running."""
     import contextlib
     import io
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = cli.main(["run", str(SCEN / "support_leak_40.toml"), "--json", "--out", str(tmp_path / "u"),
-                       *[x for s in E2E for x in ("--set", s)]])
-    assert rc == 0
-    m = json.loads(out.getvalue())["metrics"]
-    assert m["reconstruction"]["rate"] >= 0.9                # exact receipts: reconstruction is exact
-    assert m["forwarded_leaky"] == m["forwarded"] > 0         # every undefended answer leaks support
-    assert m["differencing"]["auc"] > 0.9                     # the candidate's receipt gives it away
-    assert m["retries_booked"] is True
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
         rc = cli.main(["run", str(SCEN / "support_leak_40_gateway.toml"), "--json", "--out", str(tmp_path / "g"),
-                       *[x for s in E2E for x in ("--set", s)]])
+                       *[x for s in SMALL + _attacks(["reconstruction", "refusal_content"]) for x in ("--set", s)]])
     assert rc == 0
     g = json.loads(out.getvalue())["metrics"]
     assert g["forwarded_leaky"] == 0 and g["forwarded_unbooked"] == 0
-    assert g["rejected"] > 0 and "support_leak" in g["rejections_by_reason"]
-    assert g["differencing"]["auc"] == pytest.approx(0.5)
-    assert ray_local.is_initialized()                         # the run attached; it did not stop the session's Ray
+    assert g["rejected"] == g["queries"] and g["rejections_by_reason"] == {"unbookable": g["queries"]}
+    assert g["verdict"] == "within booked"
+    assert ray_local.is_initialized()

@@ -1,168 +1,212 @@
-"""Gateway: one unit test per rejection reason, booking before release, family composition."""
+"""Gateway: data-independent decisions on public plans, per-principal and total budgets,
+atomic durable booking, uniform refusals."""
 
 from __future__ import annotations
 
 import math
 
 import dp_accounting
-import numpy as np
 import pytest
 from dp_accounting import rdp
 
-from fedmem.dp import Accountant
-from fedmem.errors import SupportPrivacyViolation
-from fedmem.federation.aggregator import Aggregator, ReleasePolicy
-from fedmem.federation.gateway import DEFAULT_FAMILY, Gateway
+from fedmem.dp import Accountant, DurableStore
+from fedmem.errors import BudgetExceeded, SupportPrivacyViolation
+from fedmem.federation.aggregator import ReleasePolicy
+from fedmem.federation.gateway import REFUSAL_TEXT, Gateway, refusal
 
-D = 4
-TOTAL = np.full(D, 0.3)
-TALLIES = np.array([1, 0, 2, 0])
+DELTA = 1e-6
 
 
-def release(rng, count=3, **kw):
-    base = dict(selection="threshold", shards=4, k_local=2, clip=1.0, value_dim=D, calibration="realized",
+def plan(**kw):
+    base = dict(selection="threshold", shards=4, k_local=2, clip=1.0, value_dim=4, calibration="realized",
                 receipts="suppress")
     base.update(kw)
-    pol = ReleasePolicy(**base)
-    return Aggregator(pol).release(TOTAL, count, TALLIES, rng)
+    return ReleasePolicy(**base).plan()
 
 
 def gw(acc=None, **kw):
+    kw.setdefault("epsilon_budget", math.inf)
+    kw.setdefault("total_epsilon_budget", math.inf)
     return Gateway(acc if acc is not None else Accountant(), **kw)
 
 
-def test_exact_receipts_rejected_for_support_leak(rng):
+def decide(g, principal, plans, retry_of=None, family="f"):
+    qid = g.register(principal, [family], [retry_of])[0]
+    return g.decide(qid, principal, family, retry_of, plans)
+
+
+def admit(g, principal, p, **kw):
+    d = decide(g, principal, {"primary": p}, **kw)
+    if d.admitted:
+        g.book(d, p, f"q{d.query_id}")
+    g.clear_pending()
+    return d
+
+
+# ------------------------------------------------------------------ unbookable plans
+@pytest.mark.parametrize("kw, exact", [
+    (dict(receipts="expose"), ("receipts", "count")),
+    (dict(receipts="suppress"), ("count:implicit",)),
+    (dict(receipts="noised", calibration="global", n_bound=4), ("value:calibration",)),
+])
+def test_unbookable_plans_are_refused_for_every_query(kw, exact):
+    p = plan(**kw)
+    assert p.exact_channels == exact and not p.bookable
     g = gw()
-    rel = release(rng, receipts="expose")
-    fam = g.register(0)
-    a = g.assess(rel, 0, fam)
-    assert a.reasons == ("support_leak",) and math.isinf(a.leak_bits)
-    assert "receipts" in a.messages[0]
-    exc = g.reject(a, label="q0")
-    assert isinstance(exc, SupportPrivacyViolation) and exc.reasons == ("support_leak",) and exc.booked == ()
-    assert str(exc).startswith("no memory available")
-    assert g.accountant.count == 0  # nothing emitted -> nothing booked
+    pid = g.new_principal()
+    for _ in range(3):
+        d = decide(g, pid, {"primary": p})
+        assert not d.admitted and d.reasons == ("unbookable",)
+    assert g.accountant.count == 0
 
 
-def test_implicit_exact_count_rejected(rng):
-    """Threshold + suppress divides by the exact n: the implicit count channel is caught."""
+def test_fallback_route_when_primary_is_unbookable():
     g = gw()
-    a = g.assess(release(rng, receipts="suppress"), 0, g.register(0))
-    assert a.reasons == ("support_leak",)
+    pid = g.new_principal()
+    safe = plan(selection="broadcast", receipts="broadcast", public_count=8)
+    d = decide(g, pid, {"primary": plan(receipts="expose"), "fallback": safe})
+    assert d.route == "fallback" and d.reasons == ("unbookable",)
 
 
-def test_calibration_mismatch(rng):
-    g = gw(tolerance=2)
-    rel = release(rng, selection="topk", k=5, public_count=5, calibration="global", n_bound=40, count=5)
-    a = g.assess(rel, 0, g.register(0))
-    assert a.reasons == ("calibration_mismatch",)
-    assert "calibrated_n=40" in a.messages[0] and "realized n=5" in a.messages[0]
-    within = release(rng, selection="topk", k=5, public_count=5, calibration="global", n_bound=7, count=5)
-    assert gw(tolerance=2).assess(within, 0, DEFAULT_FAMILY).admitted  # |5 - 7| <= 2
+def test_gateway_off_admits_exact_channels_but_still_books_the_dp_ones():
+    g = gw(enabled=False)
+    pid = g.new_principal()
+    d = admit(g, pid, plan(receipts="expose"))
+    assert d.admitted and g.accountant.count == 1 and g.support_bits(pid) == 0.0
 
 
-def test_retry_of_unknown_query_rejected(rng):
-    g = gw()
-    rel = release(rng, selection="topk", k=3, public_count=3)
-    fam = g.register(5, retry_of=99)
-    a = g.assess(rel, 5, fam, retry_of=99)
-    assert a.reasons == ("retry_unbooked",)
-
-
-def test_retry_joins_original_family_and_composes(rng):
-    g = gw(support_budget_bits=100.0)
-    rel = release(rng, selection="topk", k=3, public_count=3, receipts="noised", receipt_sigma=2.0)
-    f0 = g.register(0, family="alpha")
-    a0 = g.assess(rel, 0, f0)
-    g.admit(rel, a0, "q0")
-    f1 = g.register(1, family="beta", retry_of=0)  # a retry cannot escape its original's family
-    assert f1 == "alpha"
-    a1 = g.assess(rel, 1, f1, retry_of=0)
-    assert a1.admitted and a1.leak_bits > a0.leak_bits
-    g.admit(rel, a1, "q1 retry_of=0")
-    assert g.accountant.count == 2  # the retry is its own booking
-
-
-def test_noised_receipts_bits_are_the_rdp_bound_and_compose(rng):
-    g = gw(support_budget_bits=5.0)
-    rel = release(rng, selection="topk", k=3, public_count=3, receipts="noised", receipt_sigma=4.0)
-    one = g.leak_bits("fam", rel)
+# ------------------------------------------------------------------ support budgets
+def _bits(sigma, n):
     acc = rdp.RdpAccountant()
-    acc.compose(dp_accounting.GaussianDpEvent(4.0))
-    assert one == pytest.approx(acc.get_epsilon(1e-6) / math.log(2))
+    acc.compose(dp_accounting.GaussianDpEvent(sigma), n)
+    return acc.get_epsilon(DELTA) / math.log(2.0)
+
+
+def test_support_bits_compose_per_principal_and_refuse_over_budget():
+    p = plan(receipts="noised", receipt_sigma=8.0)
+    one, two = _bits(8.0, 1), _bits(8.0, 2)
+    g = gw(support_budget_bits=(one + two) / 2, total_support_budget_bits=100.0)
+    pid = g.new_principal()
+    assert admit(g, pid, p).admitted
+    assert g.support_bits(pid) == pytest.approx(one, rel=1e-9)
+    d = admit(g, pid, p)
+    assert not d.admitted and d.reasons == ("support_budget",)
+    assert g.support_bits(pid) == pytest.approx(one, rel=1e-9)   # nothing booked for the refusal
+
+
+@pytest.mark.parametrize("keyed_by", ["principal", "label"])
+def test_budgets_cannot_be_dodged_with_labels_or_sybils(keyed_by):
+    """Fresh labels per query and many principals: the per-principal budget ignores labels and
+    the total budget bounds the Sybil. The broken variant (budgets keyed by the caller's label,
+    no total) lets every query through and is caught by the same check."""
+    p = plan(receipts="noised", receipt_sigma=8.0)
+    total = 3.5 * _bits(8.0, 1)
+    if keyed_by == "principal":
+        g = gw(support_budget_bits=1.5 * _bits(8.0, 1), total_support_budget_bits=total)
+    else:   # broken: what an operator gets by keying the budget on the family label, with no total
+        g = gw(support_budget_bits=1.5 * _bits(8.0, 1), total_support_budget_bits=math.inf)
+    sybils = [g.new_principal() for _ in range(6)]
     admitted = 0
-    for i in range(20):
-        a = g.assess(rel, i, g.register(i, family="fam"))
-        if not a.admitted:
-            assert a.reasons == ("support_leak",)
-            break
-        g.admit(rel, a, f"q{i}")
-        admitted += 1
-    assert 1 <= admitted < 20  # the family budget runs out: support leakage composes
-    assert g.accountant.count == admitted
-    # another family starts from zero
-    assert g.assess(rel, 99, g.register(99, family="other")).admitted
+    for i in range(24):
+        pid = sybils[i % len(sybils)] if keyed_by == "principal" else g.new_principal()  # label -> fresh key
+        admitted += admit(g, pid, p, family=f"fresh-label-{i}").admitted
+    composed = _bits(8.0, admitted)
+    if keyed_by == "principal":
+        assert composed <= total + 1e-9 and admitted < 24
+        assert g.support_bits(None) == pytest.approx(composed, rel=1e-6)
+    else:
+        assert composed > total
 
 
-def test_public_support_is_free_and_admitted(rng):
-    g = gw(support_budget_bits=0.0)
-    rel = release(rng, selection="broadcast", receipts="broadcast", public_count=8, count=8)
-    for i in range(5):
-        a = g.assess(rel, i, g.register(i))
-        assert a.admitted and a.leak_bits == 0.0
-        g.admit(rel, a, f"q{i}")
-    assert g.accountant.count == 5
+def test_pending_reservations_make_a_batch_compose_like_single_queries():
+    p = plan(receipts="noised", receipt_sigma=8.0)
+    g = gw(support_budget_bits=(_bits(8.0, 1) + _bits(8.0, 2)) / 2)
+    pid = g.new_principal()
+    ids = g.register(pid, ["a", "b"], [None, None])
+    d1 = g.decide(ids[0], pid, "a", None, {"primary": p})
+    d2 = g.decide(ids[1], pid, "b", None, {"primary": p})
+    assert d1.admitted and not d2.admitted
+    g.clear_pending()
 
 
-def test_admit_books_before_release_and_respects_budget(rng):
-    acc = Accountant(budget=(5.0, 1e-6))
-    g = gw(acc)
-    rel = release(rng, selection="topk", k=3, public_count=3, sigma=1.2)
-    from fedmem.errors import BudgetExceeded
+# ------------------------------------------------------------------ epsilon budgets
+def test_epsilon_budget_per_principal_and_total():
+    p = plan(selection="topk", k=2, public_count=2, sigma=2.0)
+    def eps(n):
+        acc = rdp.RdpAccountant()
+        acc.compose(dp_accounting.GaussianDpEvent(2.0), n)
+        return acc.get_epsilon(DELTA)
 
-    a = g.assess(rel, 0, g.register(0))
-    g.admit(rel, a, "q0")
+    e = eps(1)
+    g = gw(epsilon_budget=(eps(1) + eps(2)) / 2, total_epsilon_budget=(eps(2) + eps(3)) / 2)
+    a, b = g.new_principal(), g.new_principal()
+    assert admit(g, a, p).admitted
+    d = admit(g, a, p)
+    assert not d.admitted and d.reasons == ("epsilon_budget",)
+    assert admit(g, b, p).admitted          # b has its own budget ...
+    c = g.new_principal()
+    assert not admit(g, c, p).admitted      # ... but the total caps everyone (a third query exceeds it)
+    assert g.principal_spent(a) == pytest.approx(e)
+
+
+def test_booking_is_all_or_nothing_across_accountants():
+    """A total budget spent by a concurrent writer after decide(): book() raises and writes nothing."""
+    p = plan(selection="topk", k=2, public_count=2, sigma=2.0)
+    acc = Accountant()
+    g = gw(acc, total_epsilon_budget=5.0)
+    pid = g.new_principal()
+    d = decide(g, pid, {"primary": p})
+    assert d.admitted
+    acc.book(dp_accounting.GaussianDpEvent(0.5), "concurrent writer")   # eps ~ 10 at 1e-6
     with pytest.raises(BudgetExceeded):
-        g.admit(rel, g.assess(rel, 1, g.register(1)), "q1")
-    assert acc.count == 1
-    with pytest.raises(ValueError, match="assessment must be an admission"):
-        bad = g.assess(release(rng, receipts="expose"), 2, g.register(2))
-        g.admit(rel, bad, "q2")
+        g.book(d, p, "late")
+    assert g.principal_accountant(pid).count == 0 and acc.count == 1
 
 
-def test_rejected_but_emitted_channel_still_counts(rng):
-    """papers/003 (b): a receipt that already left is booked even though the response is rejected."""
-    g = gw(support_budget_bits=0.5)
-    rel = release(rng, selection="topk", k=3, public_count=3, receipts="noised", receipt_sigma=1.0)
-    a = g.assess(rel, 0, g.register(0))
-    assert a.reasons == ("support_leak",)
-    emitted = [c for c in rel.channels if c.name == "receipts"]
-    exc = g.reject(a, emitted=emitted, label="q0")
-    assert len(exc.booked) == 1 and g.accountant.count == 1
-    assert g.leak_bits(DEFAULT_FAMILY) > 0  # the family's estimate includes it
+# ------------------------------------------------------------------ durability, ids, retries
+def test_state_survives_a_restart(tmp_path):
+    store = DurableStore(tmp_path / "gw.sqlite")
+    p = plan(receipts="noised", receipt_sigma=8.0)
+    cap = (_bits(8.0, 1) + _bits(8.0, 2)) / 2
+    g = gw(Accountant(store=store, name="fed"), support_budget_bits=cap)
+    pid = g.new_principal()
+    d0 = admit(g, pid, p)
+    assert d0.admitted
+    store.close()
+    store2 = DurableStore(tmp_path / "gw.sqlite")
+    g2 = gw(Accountant(store=store2, name="fed"), support_budget_bits=cap)
+    assert g2.support_bits(pid) == pytest.approx(_bits(8.0, 1), rel=1e-9)
+    assert not admit(g2, pid, p).admitted             # the budget was not reset
+    assert g2.new_principal() != pid                  # ids are never reused
+    assert g2.issued(d0.query_id)                     # and the old query is still known (retries compose)
+    assert g2.register(pid, ["x"], [None])[0] > d0.query_id
 
 
-def test_ungated_exact_emission_poisons_the_family(rng):
+def test_retry_of_unknown_query_is_refused_and_known_retry_is_booked():
+    p = plan(selection="topk", k=2, public_count=2)
     g = gw()
-    g.record_ungated(release(rng, receipts="expose"), "f", "q0")
-    assert math.isinf(g.leak_bits("f"))
-    assert g.empirical_bits("f") == 0.0  # one released count: plug-in entropy 0 (why it is not used)
+    pid = g.new_principal()
+    d = decide(g, pid, {"primary": p}, retry_of=999)
+    assert not d.admitted and d.reasons == ("retry_unbooked",)
+    first = admit(g, pid, p)
+    second = admit(g, pid, p, retry_of=first.query_id)
+    assert second.admitted and g.principal_accountant(pid).count == 2
 
 
-def test_every_reason_at_once(rng):
-    g = gw()
-    rel = release(rng, receipts="expose", calibration="global", n_bound=40)
-    a = g.assess(rel, 0, g.register(0, retry_of=7), retry_of=7)
-    assert set(a.reasons) == {"support_leak", "calibration_mismatch", "retry_unbooked"}
+def test_refusal_is_uniform():
+    a, b = refusal(3), refusal(7)
+    assert isinstance(a, SupportPrivacyViolation) and str(a) == str(b) == REFUSAL_TEXT
+    assert set(vars(a)) == {"query_id"}
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(support_budget_bits=-1.0), "support_budget_bits must be non-negative"),
-    (dict(tolerance=-1), "tolerance must be a non-negative integer"),
-    (dict(delta=1.0), "delta must be in the open interval"),
+    (dict(support_budget_bits=0.0), "support_budget_bits must be positive"),
+    (dict(total_support_budget_bits=-1.0), "total_support_budget_bits must be positive"),
+    (dict(epsilon_budget=float("nan")), "epsilon_budget must be positive"),
+    (dict(delta=0.0), "delta must be in"),
 ])
 def test_validation(kw, match):
     with pytest.raises(ValueError, match=match):
         gw(**kw)
     with pytest.raises(TypeError, match="accountant must be"):
-        Gateway(object())
+        Gateway("nope")

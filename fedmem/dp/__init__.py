@@ -1,6 +1,6 @@
 """DP core: mechanisms (frozen records + samplers), accountant, ledger, durable store."""
 
-from fedmem.dp.accountant import Accountant, Booking
+from fedmem.dp.accountant import Accountant, Booking, book_together
 from fedmem.dp.ledger import AttributeLedger
 from fedmem.dp.mechanisms import (
     ApproxDpEvent,
@@ -14,5 +14,5 @@ from fedmem.dp.store import DurableStore
 
 __all__ = [
     "Accountant", "ApproxDpEvent", "Booking", "AttributeLedger", "DurableStore", "ExponentialMechanism",
-    "GaussianMechanism", "LaplaceMechanism", "MetricLaplace", "PureDpEvent",
+    "GaussianMechanism", "LaplaceMechanism", "MetricLaplace", "PureDpEvent", "book_together",
 ]

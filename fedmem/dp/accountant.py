@@ -230,6 +230,31 @@ class Accountant:
             self._sync(db)
         return Booking(rid, payload, str(label), ts)
 
+    def _trial_epsilon(self, events, delta: float) -> float:
+        """Epsilon at ``delta`` if ``events`` were composed on top of the current history."""
+        trial = copy.deepcopy(self._acc)
+        pure = self._pure
+        for ev in events:
+            pure = pure + self._compose(trial, event_from_dict(event_to_dict(ev)))
+        return self._epsilon(trial, pure, delta)
+
+    def fits(self, events, budget: tuple[float, float] | None = None) -> bool:
+        """Whether composing ``events`` (a list) would stay within this accountant's budget
+        and within ``budget`` (an extra ``(epsilon, delta)`` cap; ``epsilon = inf`` is none).
+
+        Writes nothing. The answer depends only on what was booked and on ``events``:
+        callers use it to decide admission *before* computing anything private.
+        """
+        events = list(events)
+        with self.store.transaction() as db:
+            self._sync(db)
+        for cap in (self.budget, budget):
+            if cap is None or cap[0] == float("inf"):
+                continue
+            if self._trial_epsilon(events, cap[1]) > cap[0]:
+                return False
+        return True
+
     def _supported(self, event) -> bool:
         rest, _ = _split_pure(event)
         return all(self._acc.supports(e) for e in rest)
@@ -268,3 +293,56 @@ class Accountant:
 
     def __repr__(self) -> str:
         return f"Accountant(kind={self.kind!r}, name={self.name!r}, bookings={self.count}, store={self.store!r})"
+
+
+def book_together(entries, label: str = "") -> list[Booking]:
+    """Book several events on several accountants of **one** store, all or nothing.
+
+    ``entries`` is a list of ``(accountant, event, extra_budget)``; ``extra_budget`` is an
+    ``(epsilon, delta)`` cap checked besides the accountant's own budget (``None`` or
+    ``epsilon = inf``: none). Every budget is checked inside one ``BEGIN IMMEDIATE``
+    transaction; if any would be exceeded, :class:`BudgetExceeded` is raised and nothing
+    is written (so a per-principal and a total accountant can never disagree).
+    """
+    entries = list(entries)
+    if not entries:
+        return []
+    store = entries[0][0].store
+    for acc, _, _ in entries:
+        if not isinstance(acc, Accountant):
+            raise TypeError(f"entries must hold fedmem.dp.Accountant objects. Found {type(acc).__name__}.")
+        if acc.store is not store:
+            raise ValueError(f"accountants must share one store to be booked together. Found {acc.store!r} "
+                             f"and {store!r}.")
+    payloads = [(acc, event_to_dict(ev), cap) for acc, ev, cap in entries]
+    for acc, payload, _ in payloads:
+        if not acc._supported(event_from_dict(payload)):
+            raise TypeError(f"event {payload} cannot be composed by a {acc.kind} accountant.")
+    # group by accountant object (an accountant may appear in several entries)
+    per_acc: dict[int, tuple] = {}
+    for acc, payload, cap in payloads:
+        a, evs, caps = per_acc.get(id(acc), (acc, [], []))
+        evs.append(event_from_dict(payload))
+        if cap is not None:
+            caps.append(cap)
+        per_acc[id(acc)] = (a, evs, caps)
+    rows = []
+    with store.transaction() as db:
+        for acc, evs, caps in per_acc.values():
+            acc._sync(db)
+            for cap in [acc.budget, *caps]:
+                if cap is None or cap[0] == float("inf"):
+                    continue
+                eps = acc._trial_epsilon(evs, cap[1])
+                if eps > cap[0]:
+                    raise BudgetExceeded(f"booking {label!r} would raise epsilon of accountant {acc.name!r} to "
+                                         f"{eps:.6g} > budget {cap[0]!r} at delta={cap[1]!r}.")
+        ts = time.time()
+        for acc, payload, _ in payloads:
+            cur = db.execute("INSERT INTO accountant_events (accountant, event, label, ts) VALUES (?, ?, ?, ?)",
+                             (acc.name, json.dumps(payload), str(label), ts))
+            rows.append(Booking(cur.lastrowid, payload, str(label), ts))
+    with store.transaction() as db:
+        for acc, _, _ in per_acc.values():
+            acc._sync(db)
+    return rows

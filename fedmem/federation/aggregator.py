@@ -4,7 +4,14 @@ DESIGN.md steps 4-5; papers/003, "Core Distinction" and "Condition of Validity".
 The compute parties open to the aggregator the *exact* sum ``S`` of the selected value
 vectors, the exact selected count ``n`` and (only for receipt policies that need them)
 the exact per-shard tallies ``t``. The aggregator turns them into **channels**, each a
-candidate release that the engine (or gateway) books before it is emitted.
+candidate release that the engine books before it is emitted.
+
+**Plan first, data second.** :meth:`ReleasePolicy.plan` lists every channel a release
+of this policy will carry, its kind and its DP event, from the *public* configuration
+alone; :meth:`Aggregator.release` then fills the plan with data and fails closed if the
+data does not fit it (e.g. a "public" count that is not the public value). So what is
+booked and whether a release can be admitted never depend on the private data
+(fedmem's threat model, ``docs/federation.md``).
 
 Adjacency and sensitivities (add/remove one record anywhere in the federation):
 adding or removing a record changes each shard's local top-k' list by at most one
@@ -17,36 +24,37 @@ broadcast) by at most one insertion and one deletion. Hence, with values clipped
 * count ``n``: sensitivity 1 (constant under broadcast, and under top-k whenever the
   federation holds at least k candidates).
 
-**Value channel** (``"value"``): the released vector is a noised mean
+**Value channel** (``"value"``), a noised mean with denominator ``D``: the public count
+when the selection fixes it (top-k: ``k``; broadcast: ``S_total * k'``), else the noised
+count (``receipts="noised"``), else the exact ``max(n, 1)``.
 
-    value = S / D + Z,    Z ~ N(0, (sigma * Delta_2 / n_cal)^2 I)      (Gaussian)
-                          Z ~ Lap(sigma * Delta_1 / n_cal)^d           (Laplace)
-
-with denominator ``D`` = the public count when the selection fixes it (top-k: ``k``,
-broadcast: ``S_total * k'``), else the noised count (``receipts="noised"``), else the
-exact ``max(n, 1)``. The booked record is the mechanism the operator *claims*: a
-Gaussian (Laplace) with noise multiplier ``sigma`` for sensitivity ``Delta / n_cal`` of
-the mean, i.e. one ``GaussianDpEvent(sigma)`` (``LaplaceDpEvent(sigma)``).
-
-* ``calibration="realized"``: ``n_cal = D``, so ``value = (S + N(0, (sigma Delta_2)^2 I)) / D``
-  is post-processing of a sum released with noise multiplier ``sigma``: the booking is
-  exact.
-* ``calibration="global"`` (the flawed practice of papers/003, "Noise-Scale Mismatch"):
-  ``n_cal = n_bound``. The mean over ``n`` contributors has sensitivity ``Delta / n``,
-  so the noise multiplier actually delivered is ``sigma * n / n_bound``: far below the
-  booked ``sigma`` when ``n`` is small (a leak beyond the booked epsilon), far above it
-  when ``n`` is large (utility collapse). The gateway's calibration check catches it.
+* ``calibration="realized"``: the noise is calibrated to the denominator actually
+  applied: ``value = (S + Z) / D`` with ``Z ~ N(0, (sigma Delta_2)^2 I)`` (Laplace:
+  ``Lap(sigma Delta_1)^d``). This is post-processing of a sum released with noise
+  multiplier ``sigma`` (and, for a noised ``D``, of the booked noised tallies), so
+  ``GaussianDpEvent(sigma)`` (``LaplaceDpEvent(sigma)``) is exact, whatever the data.
+* ``calibration="global"`` (papers/003, "Noise-Scale Mismatch"): the noise is sized for a
+  fixed ``n_bound``: ``value = S / D + N(0, (sigma Delta_2 / n_bound)^2 I)``. The mean's
+  sensitivity is ``Delta_2 / D``, so the **delivered** noise multiplier is
+  ``sigma * D / n_bound``. With a public ``D`` that is a public number and is what is
+  booked (never the nominal ``sigma``). With a data-derived ``D`` (exact or noised count)
+  the delivered multiplier depends on the data and is unbounded below (``D = 1``): no
+  data-independent event covers it. The plan then books the operator's *claim*
+  ``sigma`` (the flawed practice the undefended scenarios demonstrate) and adds the
+  support channel ``"value:calibration"`` of kind ``"exact"``: the release leaks beyond
+  its booking, and a gateway can never admit it (the engine refuses to build such a
+  defended federation).
 
 **Support channels** (``"count"``, ``"receipts"``), per receipt policy:
 
 * ``expose``: exact tallies and count. A deterministic, data-dependent count separates
   some pair of neighbouring datasets with certainty (papers/003's cardinality
   differencing), so it has **no finite epsilon and cannot be booked as DP**; such a
-  channel is kind ``"exact"``. Only the gateway can stop it.
+  channel is kind ``"exact"``.
 * ``suppress``: nothing. But if ``D`` is the exact data-dependent ``n`` (threshold
-  selection), the value's denominator carries ``n``: with 128-d Gaussian noise the
-  norm of the released vector pins ``n`` almost exactly. That is emitted as the
-  implicit channel ``"count:implicit"`` (kind ``"exact"``), not hidden.
+  selection), the value's denominator carries ``n``: with 128-d noise the norm of the
+  released vector pins ``n`` almost exactly. That is the implicit channel
+  ``"count:implicit"`` (kind ``"exact"``), not hidden.
 * ``noised``: tallies ``t + N(0, (receipt_sigma * sqrt 2)^2 I)`` (Laplace: scale
   ``2 * receipt_sigma``), booked as ``GaussianDpEvent(receipt_sigma)``
   (``LaplaceDpEvent(receipt_sigma)``); the released count is the sum of the noised
@@ -54,9 +62,13 @@ the mean, i.e. one ``GaussianDpEvent(sigma)`` (``LaplaceDpEvent(sigma)``).
 * ``broadcast``: the selection is forced to broadcast, so every tally is ``k'`` and the
   count is ``S_total * k'`` by construction: kind ``"public"``, zero leakage.
 
-Every ``"dp"`` channel's event is booked (one ``ComposedDpEvent`` per query, one SQLite
-transaction) **before** the release object is handed out; ``"exact"`` channels are
-listed so that callers can see they are unaccounted.
+Every ``"dp"`` channel's event is booked before the release object is handed out;
+``"exact"`` channels are listed so that callers can see they are unaccounted.
+
+**Secure sampling.** ``sampling="secure"`` draws exact discrete noise on a grid derived
+from the noise scale; every scale used here (``sigma Delta``, ``sigma Delta / n_bound``,
+``receipt_sigma * sensitivity``) is public configuration, never a function of the data,
+so the grid carries no information.
 """
 
 from __future__ import annotations
@@ -106,6 +118,54 @@ class Channel:
                              f"event={self.event!r}.")
 
 
+def _compose(events):
+    events = list(events)
+    if not events:
+        return None
+    return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    """What every release of one policy carries, decided from public configuration alone.
+
+    ``denominator``: ``"public"`` (the selection fixes the count), ``"noised"`` (the sum
+    of the booked noised tallies) or ``"exact"`` (the exact count ``max(n, 1)``).
+    ``delivered_multiplier``: the value channel's noise multiplier for the mean actually
+    released, when it does not depend on the data; ``None`` when it does (global
+    calibration with a data-derived denominator).
+    """
+
+    channels: tuple
+    selection: str
+    denominator: str
+    delivered_multiplier: float | None
+
+    @property
+    def dp_events(self) -> list:
+        return [c.event for c in self.channels if c.kind == "dp"]
+
+    @property
+    def support_events(self) -> list:
+        return [c.event for c in self.channels if c.kind == "dp" and c.support]
+
+    @property
+    def exact_channels(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.channels if c.kind == "exact")
+
+    @property
+    def bookable(self) -> bool:
+        """True when every channel is booked DP, post-processing or public (no exact channel)."""
+        return not self.exact_channels
+
+    def event(self):
+        """All DP events of one release as one composable event (None if there are none)."""
+        return _compose(self.dp_events)
+
+    def support_event(self):
+        return _compose(self.support_events)
+
+
 @dataclass(frozen=True)
 class Release:
     """The aggregator's candidate release for one query. Nothing in it has left yet."""
@@ -113,27 +173,30 @@ class Release:
     value: np.ndarray
     count: float | None
     receipts: np.ndarray | None
-    channels: tuple
+    plan: ReleasePlan
     realized_n: int            # exact selected count (inside the trust boundary)
-    calibrated_n: float        # n the value noise was calibrated for (n_bound, or realized n)
     denominator: float         # D of the released mean
-    effective_noise_multiplier: float   # noise multiplier actually delivered on the value
-    selection: str
+    effective_noise_multiplier: float   # noise multiplier actually delivered on the mean
+
+    @property
+    def channels(self) -> tuple:
+        return self.plan.channels
+
+    @property
+    def selection(self) -> str:
+        return self.plan.selection
 
     @property
     def dp_events(self) -> list:
-        return [c.event for c in self.channels if c.kind == "dp"]
+        return self.plan.dp_events
 
     @property
     def exact_channels(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.channels if c.kind == "exact")
+        return self.plan.exact_channels
 
     def event(self):
         """All DP events of this release as one composable event (None if there are none)."""
-        ev = self.dp_events
-        if not ev:
-            return None
-        return ev[0] if len(ev) == 1 else dp_accounting.ComposedDpEvent(list(ev))
+        return self.plan.event()
 
 
 def book_release(accountant: Accountant, release: Release, label: str):
@@ -146,6 +209,17 @@ def book_release(accountant: Accountant, release: Release, label: str):
     if ev is None:
         return None
     return accountant.book(ev, label=label)
+
+
+def delivered_epsilon(noise: str, multiplier: float, delta: float) -> float:
+    """Epsilon of one release with noise ``multiplier`` (Gaussian: analytic at ``delta``;
+    Laplace: ``1 / multiplier``, pure)."""
+    multiplier = V.positive("multiplier", multiplier)
+    if noise == "gaussian":
+        return GaussianMechanism.from_noise_multiplier(multiplier).epsilon(delta)
+    if noise == "laplace":
+        return 1.0 / multiplier
+    raise ValueError(f"noise must be one of {NOISES}. Found {noise!r}.")
 
 
 @dataclass(frozen=True)
@@ -161,9 +235,9 @@ class ReleasePolicy:
     threshold: float = 0.5
     noise: str = "gaussian"
     sigma: float = 1.2
-    calibration: str = "global"
+    calibration: str = "realized"
     n_bound: int = 40
-    receipts: str = "expose"
+    receipts: str = "suppress"
     receipt_sigma: float = 1.0
     sampling: str = "fast"
     public_count: int | None = field(default=None)
@@ -187,6 +261,8 @@ class ReleasePolicy:
                              f"Found {self.selection!r}.")
         if self.public_count is not None:
             V.positive_int("public_count", self.public_count)
+        if self.selection == "broadcast" and self.public_count is None:
+            object.__setattr__(self, "public_count", self.shards * self.k_local)
 
     @property
     def sum_l2_sensitivity(self) -> float:
@@ -208,12 +284,47 @@ class ReleasePolicy:
             return GaussianMechanism.from_noise_multiplier(self.receipt_sigma, TALLY_L2)
         return LaplaceMechanism(scale=self.receipt_sigma * TALLY_L1, l1_sensitivity=TALLY_L1)
 
-    def value_mechanism(self, n_cal: float):
-        """The claimed mean mechanism: noise multiplier ``sigma`` for sensitivity Delta / n_cal."""
+    def _mechanism(self, multiplier: float, sens_scale: float = 1.0):
+        """Noise multiplier ``multiplier`` for the sum's sensitivity divided by ``sens_scale``."""
         if self.noise == "gaussian":
-            return GaussianMechanism.from_noise_multiplier(self.sigma, self.sum_l2_sensitivity / n_cal)
-        return LaplaceMechanism(scale=self.sigma * self.sum_l1_sensitivity / n_cal,
-                                l1_sensitivity=self.sum_l1_sensitivity / n_cal)
+            return GaussianMechanism.from_noise_multiplier(multiplier, self.sum_l2_sensitivity / sens_scale)
+        return LaplaceMechanism(scale=multiplier * self.sum_l1_sensitivity / sens_scale,
+                                l1_sensitivity=self.sum_l1_sensitivity / sens_scale)
+
+    @property
+    def denominator_kind(self) -> str:
+        if self.public_count is not None:
+            return "public"
+        if self.receipts == "noised":
+            return "noised"
+        return "exact"
+
+    def plan(self) -> ReleasePlan:
+        """The channels, kinds and DP events of every release of this policy (public data only)."""
+        dk = self.denominator_kind
+        const = self.selection == "broadcast"
+        support: list[Channel] = []
+        if self.receipts == "broadcast":
+            support += [Channel("count", "public", True), Channel("receipts", "public", True)]
+        elif self.receipts == "noised":
+            support += [Channel("receipts", "dp", True, self.receipt_mechanism().event()),
+                        Channel("count", "derived", True)]
+        elif self.receipts == "expose":
+            support += [Channel("receipts", "public" if const else "exact", True),
+                        Channel("count", "public" if (const or dk == "public") else "exact", True)]
+        elif dk == "exact":   # suppress: the exact denominator carries n
+            support.append(Channel("count:implicit", "exact", True))
+        if self.calibration == "realized":
+            delivered = self.sigma
+            value_event = self._mechanism(self.sigma).event()
+        elif dk == "public":
+            delivered = self.sigma * self.public_count / self.n_bound
+            value_event = self._mechanism(delivered).event()
+        else:
+            delivered = None
+            value_event = self._mechanism(self.sigma).event()    # the (wrong) claim of papers/003
+            support.append(Channel("value:calibration", "exact", True))
+        return ReleasePlan((Channel("value", "dp", False, value_event), *support), self.selection, dk, delivered)
 
 
 class Aggregator:
@@ -223,60 +334,63 @@ class Aggregator:
         if not isinstance(policy, ReleasePolicy):
             raise TypeError(f"policy must be a ReleasePolicy. Found {type(policy).__name__}.")
         self.policy = policy
+        self.plan = policy.plan()
+
+    def _grid(self, public_mech) -> dict:
+        """Secure sampling's grid, always from a noise scale that is public configuration."""
+        if self.policy.sampling != "secure":
+            return {}
+        from fedmem.dp.samplers import grid_granularity
+
+        scale = public_mech.sigma if hasattr(public_mech, "sigma") else public_mech.scale
+        return {"grid": grid_granularity(scale)}
 
     def release(self, total, count, tallies, rng: np.random.Generator) -> Release:
-        """Noise and package one query's exact aggregate (see the module docstring)."""
-        p = self.policy
+        """Fill the policy's plan with one query's exact aggregate (module docstring).
+
+        Raises ``ValueError`` if the data does not fit the plan (e.g. a count that the
+        plan calls public differs from the public value): callers fail closed.
+        """
+        p, plan = self.policy, self.plan
         V.rng_check("rng", rng)
         total = V.finite_array("total", total, ndim=1, dim=p.value_dim)
         n = int(count)
         if n < 0:
             raise ValueError(f"count must be >= 0. Found {count!r}.")
-        channels = []
         receipts = released_count = None
-        denom = None
-        # The count is public only if it is the value the selection fixes; anything else
-        # (e.g. top-k over fewer than k candidates) is treated as data-dependent.
-        public = p.public_count if p.public_count is not None and n == p.public_count else None
+        if plan.denominator == "public" and n != p.public_count:
+            raise ValueError(f"count must equal the public count {p.public_count} that the release plan relies "
+                             f"on. Found {n}.")
         if p.receipts == "broadcast":
             receipts = np.full(p.shards, float(p.k_local))
             released_count = float(p.shards * p.k_local)
-            channels += [Channel("count", "public", True), Channel("receipts", "public", True)]
         elif p.receipts == "noised":
             if tallies is None:
                 raise ValueError("tallies must be revealed for receipts='noised'. Found None.")
-            mech = p.receipt_mechanism()
-            receipts = mech.release(np.asarray(tallies, dtype=np.float64), rng, sampling=p.sampling)
+            rm = p.receipt_mechanism()
+            receipts = rm.release(np.asarray(tallies, dtype=np.float64), rng, sampling=p.sampling, **self._grid(rm))
             released_count = float(receipts.sum())
-            channels.append(Channel("receipts", "dp", True, mech.event()))
-            channels.append(Channel("count", "derived", True))
-            if public is None:
-                denom = max(1.0, released_count)
         elif p.receipts == "expose":
             if tallies is None:
                 raise ValueError("tallies must be revealed for receipts='expose'. Found None.")
             receipts = np.asarray(tallies, dtype=np.int64).copy()
             released_count = float(n)
-            const = p.selection == "broadcast"
-            channels.append(Channel("receipts", "public" if const else "exact", True))
-            channels.append(Channel("count", "public" if (const or public is not None) else "exact", True))
-        if denom is None:
-            if public is not None:
-                denom = float(public)
-            else:
-                denom = float(max(1, n))
-                if p.receipts == "suppress":
-                    channels.append(Channel("count:implicit", "exact", True))
-        n_cal = float(p.n_bound) if p.calibration == "global" else denom
-        mech = p.value_mechanism(n_cal)
-        value = mech.release(total / denom, rng, sampling=p.sampling)
-        channels.insert(0, Channel("value", "dp", False, mech.event()))
-        if p.calibration == "realized":
-            eff, cal_n = p.sigma, float(n)
+        if plan.denominator == "public":
+            denom = float(p.public_count)
+        elif plan.denominator == "noised":
+            denom = max(1.0, released_count)
         else:
-            n_eff = denom if public is not None else max(1, n)
-            eff, cal_n = p.sigma * n_eff / p.n_bound, float(p.n_bound)
-        return Release(value=value, count=released_count, receipts=receipts, channels=tuple(channels),
-                       realized_n=n, calibrated_n=cal_n, denominator=denom, effective_noise_multiplier=eff,
-                       selection=p.selection)
-
+            denom = float(max(1, n))
+        if p.calibration == "realized":
+            # noise on the sum, calibrated to the denominator actually applied
+            mech = p._mechanism(p.sigma)
+            value = mech.release(total, rng, sampling=p.sampling, **self._grid(mech)) / denom
+            eff = p.sigma
+        else:
+            # noise std sigma * Delta / n_bound on the mean S / D: multiplier sigma * D / n_bound delivered
+            eff = p.sigma * denom / p.n_bound
+            mech = p._mechanism(eff, denom)
+            value = mech.release(total / denom, rng, sampling=p.sampling,
+                                 **self._grid(p._mechanism(p.sigma, p.n_bound)))
+        return Release(value=value, count=released_count, receipts=receipts, plan=plan, realized_n=n,
+                       denominator=denom, effective_noise_multiplier=eff)

@@ -1,12 +1,19 @@
 """``MemoryClient``: the small retrieval API agent code uses.
 
-papers/003, Operational Effect: a refused query surfaces as
-:class:`~fedmem.errors.SupportPrivacyViolation`, a hard retrieval failure meaning "no
-memory available for this query", never as an empty result; conflating the two makes
-agents re-query and silently compose epsilon. The client therefore has no "maybe" path:
-:meth:`MemoryClient.retrieve` returns a :class:`~fedmem.federation.engine.Response` or
-raises. A deliberate retry must say so (``retry_of``), so that the gateway composes it
-with the original.
+A client is obtained from :meth:`Federation.connect`, which gives it a **principal**
+identity: every budget (epsilon and support bits) is charged to that principal and to
+the federation's totals, whatever labels the caller attaches. papers/003, Operational
+Effect: a refused query surfaces as :class:`~fedmem.errors.SupportPrivacyViolation`, a
+hard retrieval failure meaning "no memory available for this query", never as an empty
+result; conflating the two makes agents re-query and silently compose epsilon. The
+refusal is uniform (constant text, no reasons): the client learns nothing from it but
+the fact, which is decided from public state only. A deliberate retry may say so
+(``retry_of``); silent or not, every answer is booked to the principal.
+
+Everything a client can see is the threat model's observable surface: the returned
+:class:`~fedmem.federation.engine.Response`, the exception, and timing. The
+simulation runs in one process, so nothing stops Python code from reaching into the
+federation object; the adversaries of :mod:`fedmem.attacks` use only this API.
 """
 
 from __future__ import annotations
@@ -14,32 +21,46 @@ from __future__ import annotations
 import numpy as np
 
 from fedmem.errors import SupportPrivacyViolation
-from fedmem.federation.engine import Federation, Response
 
 
 class MemoryClient:
-    """One agent's handle on a :class:`Federation` (default query family ``family``)."""
+    """One agent's handle on a federation, with the principal id the federation issued."""
 
-    def __init__(self, federation: Federation, *, family: str | None = None):
+    def __init__(self, federation, *, principal: str, family: str | None = None):
+        from fedmem.federation.engine import Federation
+
         if not isinstance(federation, Federation):
             raise TypeError(f"federation must be a Federation. Found {type(federation).__name__}.")
-        self.federation = federation
+        if not isinstance(principal, str) or not principal:
+            raise ValueError(f"principal must be a non-empty string issued by Federation.connect(). "
+                             f"Found {principal!r}.")
+        self._federation = federation
+        self.principal = principal
         self.family = family
-        self.responses: list[Response] = []
+        self.responses: list = []
         self.refusals: list[SupportPrivacyViolation] = []
 
-    def retrieve(self, q, *, family: str | None = None, retry_of: int | None = None) -> Response:
+    def retrieve(self, q, *, family: str | None = None, retry_of: int | None = None):
         """Released memory for ``q``, or raises ``SupportPrivacyViolation`` (no memory available)."""
         try:
-            r = self.federation.retrieve(np.asarray(q, dtype=np.float64), family=family or self.family,
-                                         retry_of=retry_of)
+            r = self._federation.retrieve(np.asarray(q, dtype=np.float64), family=family or self.family,
+                                          retry_of=retry_of, principal=self.principal)
         except SupportPrivacyViolation as exc:
             self.refusals.append(exc)
             raise
         self.responses.append(r)
         return r
 
+    def retrieve_many(self, qs, families=None, retry_of=None) -> list:
+        """Batch of queries; one entry per query: a Response or the uniform refusal (not raised)."""
+        return self._federation.retrieve_many(qs, families, retry_of, principal=self.principal)
+
     @property
     def epsilon_spent(self) -> float:
-        """Accountant total at the federation's delta (everything booked so far)."""
-        return self.federation.accountant.spent(self.federation.config.delta)
+        """This principal's booked epsilon at the federation's delta."""
+        return self._federation.gateway.principal_spent(self.principal)
+
+    @property
+    def support_bits_spent(self) -> float:
+        """This principal's booked support-channel bits."""
+        return self._federation.gateway.support_bits(self.principal)

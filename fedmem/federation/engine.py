@@ -1,27 +1,39 @@
-"""The federation engine: shard hosts -> compute parties -> aggregator -> gateway.
+"""The federation engine: gateway decision -> shard hosts -> compute parties -> aggregator -> booking.
 
 DESIGN.md, "One federated query, end to end"; papers/003. One call to
-:meth:`Federation.retrieve` (or a batch through :meth:`Federation.retrieve_many`):
+:meth:`Federation.retrieve` (or a batch through :meth:`Federation.retrieve_many`), for
+one principal (the identity :meth:`Federation.connect` gave the client):
 
+0. the :class:`~fedmem.federation.gateway.Gateway` decides, for every query and from
+   public state only (configuration, the release plan, what is already booked), whether
+   it is answered and by which route (the primary policy, or the support-safe broadcast
+   with ``on_reject="rerun_broadcast"``). Nothing private has been computed yet, so the
+   decision cannot depend on the records;
 1. every shard host (a numpy-only Ray actor holding many shards) scores its records,
    keeps each shard's padded local top-k', clips, encodes and secret-shares them: one
    :class:`~fedmem.federation.sharing.SharePacket` per compute party;
 2. the compute parties (:class:`~fedmem.federation.mpc.CryptenParties`, or the
    plaintext reference) select (top-k / threshold / broadcast) and open only what the
    release policy names (sum and count, plus tallies for ``expose``/``noised``);
-3. the :class:`~fedmem.federation.aggregator.Aggregator` noises the aggregate and
-   builds the support channels of the receipt policy;
-4. the :class:`~fedmem.federation.gateway.Gateway` (if enabled) admits or rejects;
-   every DP channel is booked in the accountant **before** the response is returned.
-   A rejection raises :class:`~fedmem.errors.SupportPrivacyViolation` ("no memory
-   available for this query"), never an empty response; with
-   ``on_reject="rerun_broadcast"`` the query is first re-run under the support-safe
-   broadcast selection and only that release is gated again.
+3. the :class:`~fedmem.federation.aggregator.Aggregator` fills the policy's public
+   release plan with the data (noise calibrated as planned);
+4. every DP channel is booked — per principal, in total, and the support channels in
+   the support accountants — in one SQLite transaction **before** the response is
+   returned. A refused query gets the uniform
+   :class:`~fedmem.errors.SupportPrivacyViolation` ("no memory available for this
+   query"), never an empty response and never a reason; reasons go to
+   :attr:`Federation.audit`.
 
 Faults: every remote call is bounded by ``timeout_s``; a dead or hung shard host or
 compute party fails the whole batch closed with :class:`~fedmem.errors.FederationFault`
-before anything is released or booked. Dead hosts are re-created from the data on the
-next call; :class:`~fedmem.federation.mpc.CryptenParties` restarts its parties itself.
+before anything is booked or released (booking happens after all computation of the
+batch). Dead hosts are re-created from the data on the next call;
+:class:`~fedmem.federation.mpc.CryptenParties` restarts its parties itself.
+
+Timing: a refused query is not computed and an admitted one is computed by its route's
+policy; both are decided from public state, so *whether* work happens reveals nothing.
+The computation itself is oblivious (fixed-size packets and circuits); the timing attack
+of :mod:`fedmem.attacks.gateway` measures what is left.
 
 Simulation caveat: shares travel through the driver process (Ray object refs are
 resolved before the parties are called), so the driver could reconstruct them; a
@@ -38,21 +50,28 @@ import numpy as np
 
 from fedmem import _validate as V
 from fedmem.dp import Accountant
-from fedmem.errors import BudgetExceeded, FederationFault, MpcFailure, SupportPrivacyViolation
+from fedmem.errors import BudgetExceeded, FederationFault, MpcFailure
 from fedmem.federation.aggregator import (
     CALIBRATIONS, NOISES, RECEIPTS, SELECTIONS, Aggregator, Release, ReleasePolicy,
 )
-from fedmem.federation.gateway import Gateway
+from fedmem.federation.gateway import ANONYMOUS, Decision, Gateway, refusal
 from fedmem.federation.shard_host import host_actor_class, split_shards
 from fedmem.federation.sharing import decode, encode
 
 MPCS = ("crypten", "plaintext")
 ON_REJECT = ("raise", "rerun_broadcast")
+_BUDGETS = ("epsilon_budget", "total_epsilon_budget", "support_budget_bits", "total_support_budget_bits")
 
 
 @dataclass(frozen=True)
 class FederationConfig:
-    """Every knob of one federation (validated at construction; ``ValueError`` names the field)."""
+    """Every knob of one federation (validated at construction; ``ValueError`` names the field).
+
+    The defaults are a **defended** federation: top-k selection (public count), noise
+    calibrated to the realized denominator, no receipts, the gateway on, and budgets per
+    principal and in total. Every undefended setting (``gateway=False``, exposed receipts,
+    global calibration, ``math.inf`` budgets) must be asked for explicitly.
+    """
 
     shards: int = 40
     records_per_shard: int = 50
@@ -68,27 +87,33 @@ class FederationConfig:
     noise: str = "gaussian"            # "gaussian" | "laplace"
     sigma: float = 1.2                 # noise multiplier (noise std = sigma * sensitivity)
     delta: float = 1e-6
-    calibration: str = "global"        # "global" (fixed n_bound, flawed) | "realized"
+    calibration: str = "realized"      # "realized" (noise for the applied denominator) | "global" (n_bound)
     n_bound: int = 40                  # global calibration's assumed contributor count
-    receipts: str = "expose"           # "expose" | "suppress" | "noised" | "broadcast"
+    receipts: str = "suppress"         # "expose" | "suppress" | "noised" | "broadcast"
     receipt_sigma: float = 1.0         # noise multiplier of noised tallies
-    gateway: bool = False
-    support_budget_bits: float = 1.0
-    tolerance: int = 2
+    gateway: bool = True
     on_reject: str = "raise"           # "raise" | "rerun_broadcast"
+    support_budget_bits: float = 1.0   # per principal; math.inf disables
+    total_support_budget_bits: float = 4.0
+    epsilon_budget: float = 10.0       # per principal, at delta; math.inf disables
+    total_epsilon_budget: float = 100.0
     sampling: str = "fast"
     timeout_s: float = 30.0
     hosts: int = 2                     # shard-host actors
+    max_batch: int = 1024              # queries per retrieve_many call
 
     def __post_init__(self):
-        for name in ("shards", "records_per_shard", "key_dim", "value_dim", "k_local", "k", "n_bound", "hosts"):
+        for name in ("shards", "records_per_shard", "key_dim", "value_dim", "k_local", "k", "n_bound", "hosts",
+                     "max_batch"):
             V.positive_int(name, getattr(self, name))
         V.positive_int("parties", self.parties, minimum=2)
-        V.positive_int("tolerance", self.tolerance, minimum=0)
         for name in ("clip", "sigma", "receipt_sigma", "timeout_s"):
             V.positive(name, getattr(self, name))
         V.open_unit("delta", self.delta)
-        V.nonnegative("support_budget_bits", self.support_budget_bits)
+        for name in _BUDGETS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v <= 0:
+                raise ValueError(f"{name} must be positive (math.inf disables it). Found {v!r}.")
         t = V.finite("threshold", self.threshold)
         if not -1.0 <= t <= 1.0:
             raise ValueError(f"threshold must be a cosine similarity in [-1, 1]. Found {self.threshold!r}.")
@@ -101,29 +126,51 @@ class FederationConfig:
             raise TypeError(f"gateway must be a bool. Found {self.gateway!r}.")
         if self.mpc == "crypten" and self.parties > 3:
             raise ValueError(f"parties must be 2 or 3 with mpc='crypten'. Found {self.parties!r}.")
+        if self.k_local > self.records_per_shard:
+            raise ValueError(f"k_local must be <= records_per_shard ({self.records_per_shard}). "
+                             f"Found {self.k_local!r}.")
         if self.k > self.shards * self.k_local:
             raise ValueError(f"k must be <= shards * k_local = {self.shards * self.k_local} (the candidates "
                              f"sent). Found {self.k!r}.")
         if self.hosts > self.shards:
             raise ValueError(f"hosts must be <= shards ({self.shards}). Found {self.hosts!r}.")
+        if self.gateway and self.calibration == "global" and self.effective_selection == "threshold":
+            raise ValueError(
+                "calibration='global' cannot be defended with selection='threshold' (found gateway=True): the noise "
+                "is sized for n_bound but the number of selected records is data-dependent, so the delivered "
+                "privacy loss depends on the exact count. Admitting only queries whose count is close to n_bound "
+                "would make the refusal itself a leak (it reveals |n - n_bound|). Use calibration='realized' (noise "
+                "calibrated to the denominator actually applied), selection='topk' or 'broadcast' (public count), "
+                "or gateway=False to demonstrate the leak undefended.")
 
     @property
     def effective_selection(self) -> str:
         """``receipts="broadcast"`` forces the broadcast selection (constant tallies need it)."""
         return "broadcast" if self.receipts == "broadcast" else self.selection
 
+    @property
+    def budgets(self) -> dict:
+        return {name: getattr(self, name) for name in _BUDGETS}
+
 
 @dataclass(frozen=True)
 class Response:
-    """What the client (and the adversary) sees for one admitted query."""
+    """What the client (and the adversary) sees for one admitted query.
+
+    Every field is either a booked DP release (``value``, noised ``receipts``/``count``),
+    post-processing of one, a public constant, or — for undefended federations only — an
+    exact support channel listed in the operator's audit log as unaccounted.
+    """
 
     query_id: int
     value: np.ndarray               # noised released mean of the selected values
     count: float | None             # exact (expose), noised (noised), None (suppress), constant (broadcast)
     receipts: np.ndarray | None     # per-shard tallies as released, columns by ascending shard id
     channels: tuple[str, ...]       # channels that left, e.g. ("value", "receipts", "count")
-    epsilon_spent: float            # accountant total after this response, at config.delta
-    selection: str = "topk"         # the selection this answer came from ("broadcast" after a re-run)
+    epsilon_spent: float            # this principal's booked epsilon after this response, at config.delta
+    selection: str = "topk"         # the selection this answer came from (public: decided before computing)
+    principal: str = "anonymous"
+    event: dict | None = None       # the DP event booked for this response (dp-accounting terms)
 
 
 @dataclass(frozen=True)
@@ -146,22 +193,22 @@ class Truth:
 
 @dataclass(frozen=True)
 class AuditRecord:
-    """Inside-the-boundary log of one query (evaluation and audit; not part of a Response)."""
+    """Operator's log of one query (inside the boundary; never shown to an agent)."""
 
     query_id: int
+    principal: str
     family: str
     retry_of: int | None
-    decision: str                   # "admitted" | "admitted_rerun" | "rejected" | "budget_exceeded"
+    decision: str                   # "admitted" | "admitted_fallback" | "refused" | "budget_exceeded" | "fault"
     reasons: tuple[str, ...]
     selection: str
-    realized_n: int
-    calibrated_n: float
-    denominator: float
-    effective_noise_multiplier: float
-    leak_bits: float
+    realized_n: int | None          # None when nothing was computed (refused before computing)
+    denominator: float | None
+    effective_noise_multiplier: float | None
+    leak_bits: float                # principal's support bits after this query
     channels: tuple[tuple[str, str], ...]    # (name, kind) of the channels that left (empty if none)
     unaccounted: tuple[str, ...]             # exact channels that left without a DP booking
-    booking_id: int | None
+    booking_ids: tuple[int, ...]
 
 
 def _ray():
@@ -174,7 +221,8 @@ class Federation:
     """A federated memory: shard hosts, compute parties, aggregator and gateway."""
 
     def __init__(self, config: FederationConfig, data, *, accountant: Accountant, rng: np.random.Generator,
-                 ray_address: str | None = None, parties=None):
+                 ray_address: str | None = None, parties=None, ray_options: dict | None = None):
+        ray_options = dict(ray_options or {})
         if not isinstance(config, FederationConfig):
             raise TypeError(f"config must be a FederationConfig. Found {type(config).__name__}.")
         if not isinstance(accountant, Accountant):
@@ -188,7 +236,6 @@ class Federation:
                 raise ValueError(f"data must match config.{name}={want}. Found {got!r}.")
         self.config, self.data, self.accountant, self.rng = config, data, accountant, rng
         self.audit: list[AuditRecord] = []
-        self._next_id = 0
         self._closed = False
         self._owns_ray = False
         self._hosts: list = []
@@ -208,17 +255,23 @@ class Federation:
             sampling=config.sampling, public_count=public)
         self.safe_policy = dataclasses.replace(self.policy, selection="broadcast", receipts="broadcast",
                                                calibration="realized", public_count=S * kp)
-        self.gateway = Gateway(accountant, support_budget_bits=config.support_budget_bits,
-                               tolerance=config.tolerance, delta=config.delta)
+        self.plans = {"primary": self.policy.plan()}
+        if config.on_reject == "rerun_broadcast":
+            self.plans["fallback"] = self.safe_policy.plan()
+        self._policies = {"primary": self.policy, "fallback": self.safe_policy}
+        self.gateway = Gateway(accountant, enabled=config.gateway, delta=config.delta, **config.budgets)
+        if config.gateway and not self.plans["primary"].bookable and "fallback" not in self.plans:
+            import warnings
 
-        ray = _ray()
+            warnings.warn(f"every query of this federation will be refused: its releases carry unbookable "
+                          f"channels {self.plans['primary'].exact_channels} and on_reject='raise'. Use "
+                          "on_reject='rerun_broadcast', receipts='noised' or 'broadcast', or a public-count "
+                          "selection.", stacklevel=2)
+        from fedmem._ray import ensure_ray
+
         try:
-            if not ray.is_initialized():
-                if ray_address is None:
-                    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-                else:
-                    ray.init(address=ray_address, log_to_driver=False)
-                self._owns_ray = True
+            self._owns_ray = ensure_ray(ray_address, num_cpus=ray_options.get("num_cpus"),
+                                        object_store_mb=ray_options.get("object_store_mb"))
             self._start_hosts()
             if parties is not None:
                 if getattr(parties, "n_parties", None) != config.parties:
@@ -283,10 +336,14 @@ class Federation:
         if q.ndim != 2 or q.shape[1] != self.config.key_dim:
             raise ValueError(f"q must have shape ({self.config.key_dim},) or (B, {self.config.key_dim}). "
                              f"Found {np.shape(qs)}.")
-        norms = np.linalg.norm(q, axis=1, keepdims=True)
-        if np.any(norms == 0):
+        if q.shape[0] > self.config.max_batch:
+            raise ValueError(f"q must hold at most max_batch={self.config.max_batch} queries. Found {q.shape[0]}.")
+        # scale by the largest entry first: the norm of a huge (1e300) vector overflows to inf
+        peak = np.max(np.abs(q), axis=1, keepdims=True)
+        if np.any(peak == 0):
             raise ValueError("q must be non-zero (it is normalised to a unit vector). Found a zero row.")
-        return q / norms
+        q = q / peak
+        return q / np.linalg.norm(q, axis=1, keepdims=True)
 
     def _packets(self, q: np.ndarray, mode: str, method: str = "candidates_split"):
         ray = _ray()
@@ -314,104 +371,119 @@ class Federation:
         rev = self._compute(q, policy)
         agg = Aggregator(policy)
         out = []
-        for b in range(q.shape[0]):
-            tallies = None if rev.tallies is None else rev.tallies[b]
-            out.append(agg.release(rev.sum[b], rev.count[b], tallies, self.rng))
+        try:
+            for b in range(q.shape[0]):
+                tallies = None if rev.tallies is None else rev.tallies[b]
+                out.append(agg.release(rev.sum[b], rev.count[b], tallies, self.rng))
+        except ValueError as exc:   # data that does not fit the public plan: fail closed
+            raise FederationFault(f"a release did not fit its public plan; nothing was released or booked: "
+                                  f"{exc}") from exc
         return out
 
-    def _log(self, qid, fam, retry_of, decision, reasons, rel: Release, bits, emitted, booking):
-        chans = tuple((c.name, c.kind) for c in rel.channels) if emitted else ()
-        unacc = tuple(c.name for c in rel.channels if c.kind == "exact") if emitted else ()
-        self.audit.append(AuditRecord(qid, fam, retry_of, decision, tuple(reasons), rel.selection, rel.realized_n,
-                                      rel.calibrated_n, rel.denominator, rel.effective_noise_multiplier, bits,
-                                      chans, unacc, None if booking is None else booking.id))
+    def _log(self, d: Decision, decision: str, rel: Release | None, bookings=(), emitted: bool = False):
+        sel = self._policies[d.route].selection if d.route else self.policy.selection
+        chans = tuple((c.name, c.kind) for c in rel.channels) if (emitted and rel is not None) else ()
+        unacc = tuple(c.name for c in rel.channels if c.kind == "exact") if (emitted and rel is not None) else ()
+        self.audit.append(AuditRecord(
+            d.query_id, d.principal, d.family, d.retry_of, decision, d.reasons, sel,
+            None if rel is None else rel.realized_n, None if rel is None else rel.denominator,
+            None if rel is None else rel.effective_noise_multiplier, self.gateway.support_bits(d.principal),
+            chans, unacc, tuple(b.id for b in bookings)))
 
-    def _respond(self, qid: int, rel: Release) -> Response:
-        return Response(query_id=qid, value=rel.value, count=rel.count, receipts=rel.receipts,
+    def _respond(self, d: Decision, rel: Release) -> Response:
+        ev = rel.event()
+        from fedmem.dp.accountant import event_to_dict
+
+        return Response(query_id=d.query_id, value=rel.value, count=rel.count, receipts=rel.receipts,
                         channels=tuple(c.name for c in rel.channels),
-                        epsilon_spent=self.accountant.spent(self.config.delta), selection=rel.selection)
+                        epsilon_spent=self.gateway.principal_spent(d.principal), selection=rel.selection,
+                        principal=d.principal, event=None if ev is None else event_to_dict(ev))
 
-    def retrieve_many(self, qs, families=None, retry_of=None) -> list:
-        """Batched retrieval: one host round and one MPC run for all ``B`` queries.
+    def connect(self, principal: str | None = None):
+        """A :class:`~fedmem.federation.client.MemoryClient` with its own principal identity.
 
-        Returns one entry per query, in order: a :class:`Response`, or the
-        :class:`~fedmem.errors.SupportPrivacyViolation` /
-        :class:`~fedmem.errors.BudgetExceeded` instance that refused it (never an empty
-        response). Queries are admitted in order, so a family's support leak composes
-        exactly as if they had been issued one by one. A fault raises
-        :class:`~fedmem.errors.FederationFault` for the whole batch (nothing booked).
+        ``principal=None`` (what an agent gets): a fresh id from the federation, durable
+        and never reused. Passing an existing id re-attaches that principal (an operator
+        action, e.g. after a restart: its spend is still charged); an unknown id is refused.
+        """
+        from fedmem.federation.client import MemoryClient
+
+        if principal is None:
+            principal = self.gateway.new_principal()
+        elif not isinstance(principal, str) or not self.gateway.known_principal(principal):
+            raise ValueError(f"principal must be an id this federation issued (connect() without one issues a "
+                             f"new id). Found {principal!r}.")
+        return MemoryClient(self, principal=principal)
+
+    def retrieve_many(self, qs, families=None, retry_of=None, *, principal=None) -> list:
+        """Batched retrieval for one principal: one host round and one MPC run per route.
+
+        Returns one entry per query, in order: a :class:`Response`, or the uniform
+        :class:`~fedmem.errors.SupportPrivacyViolation` that refused it (never an empty
+        response). Admission is decided for every query, in order, **before** anything
+        private is computed (:meth:`Gateway.decide`), so a batch composes exactly as if
+        its queries had been issued one by one and whether (and how) a query is answered
+        never depends on the records. A fault raises
+        :class:`~fedmem.errors.FederationFault` for the whole batch: nothing is booked or
+        released (booking happens only after every computation of the batch succeeded).
         """
         if self._closed:
             raise FederationFault("federation is closed.")
         q = self._queries(qs)
         B = q.shape[0]
+        if isinstance(principal, (list, tuple)):   # operator/audit API: one principal per query
+            pids = [ANONYMOUS if p is None else str(p) for p in principal]
+        else:
+            pids = [ANONYMOUS if principal is None else str(principal)] * B
         fams = [None] * B if families is None else list(families)
         retries = [None] * B if retry_of is None else list(retry_of)
-        if len(fams) != B or len(retries) != B:
-            raise ValueError(f"families and retry_of must have one entry per query ({B}). "
-                             f"Found {len(fams)} and {len(retries)}.")
-        ids, resolved = [], []
-        for b in range(B):
-            qid = self._next_id
-            self._next_id += 1
-            ids.append(qid)
-            resolved.append(self.gateway.register(qid, fams[b], retries[b]))
-        rels = self._releases(q, self.policy)
+        if len(fams) != B or len(retries) != B or len(pids) != B:
+            raise ValueError(f"families, retry_of and principal must have one entry per query ({B}). "
+                             f"Found {len(fams)}, {len(retries)} and {len(pids)}.")
+        fams = ["default" if f is None else str(f) for f in fams]
+        gw = self.gateway
+        ids = gw.register(pids, fams, retries)
+        decisions: list[Decision] = []
+        try:
+            decisions = [gw.decide(ids[b], pids[b], fams[b], retries[b], self.plans) for b in range(B)]
+            rels: dict[int, Release] = {}
+            for route in ("primary", "fallback"):
+                idx = [b for b, d in enumerate(decisions) if d.route == route]
+                if idx:
+                    for b, rel in zip(idx, self._releases(q[idx], self._policies[route])):
+                        rels[b] = rel
+        except FederationFault:
+            for d in decisions:
+                self._log(d, "fault", None)
+            raise
+        finally:
+            gw.clear_pending()
         results: list = [None] * B
-        rerun = []
-        cfg = self.config
-        for b in range(B):
-            qid, fam, rel = ids[b], resolved[b], rels[b]
-            label = f"q{qid} family={fam}" + (f" retry_of={retries[b]}" if retries[b] is not None else "")
+        for b, d in enumerate(decisions):
+            if not d.admitted:
+                self._log(d, "refused", None)
+                results[b] = refusal(d.query_id)
+                continue
+            rel = rels[b]
+            label = f"q{d.query_id} principal={d.principal} family={d.family}" + (
+                f" retry_of={d.retry_of}" if d.retry_of is not None else "") + (
+                " route=fallback" if d.route == "fallback" else "")
             try:
-                if not cfg.gateway:
-                    booking = self.gateway.record_ungated(rel, fam, label)
-                    self._log(qid, fam, retries[b], "admitted", (), rel, self.gateway.leak_bits(fam), True, booking)
-                    results[b] = self._respond(qid, rel)
-                    continue
-                a = self.gateway.assess(rel, qid, fam, retries[b])
-                if a.admitted:
-                    booking = self.gateway.admit(rel, a, label)
-                    self._log(qid, fam, retries[b], "admitted", (), rel, a.leak_bits, True, booking)
-                    results[b] = self._respond(qid, rel)
-                    continue
-                exc = self.gateway.reject(a, emitted=(), label=label)
-                self._log(qid, fam, retries[b], "rejected", a.reasons, rel, a.leak_bits, False, None)
-                if cfg.on_reject == "rerun_broadcast":
-                    rerun.append((b, exc))
-                else:
-                    results[b] = exc
-            except BudgetExceeded as exc:
-                self._log(qid, fam, retries[b], "budget_exceeded", ("budget",), rel, math.nan, False, None)
-                results[b] = exc
-        if rerun:
-            idx = [b for b, _ in rerun]
-            safe = self._releases(q[idx], self.safe_policy)
-            for (b, first), rel in zip(rerun, safe):
-                qid, fam = ids[b], resolved[b]
-                label = f"q{qid} family={fam} rerun=broadcast"
-                try:
-                    a = self.gateway.assess(rel, qid, fam, retries[b])
-                    if a.admitted:
-                        booking = self.gateway.admit(rel, a, label)
-                        self._log(qid, fam, retries[b], "admitted_rerun", first.reasons, rel, a.leak_bits, True,
-                                  booking)
-                        results[b] = self._respond(qid, rel)
-                    else:
-                        exc = self.gateway.reject(a, emitted=(), label=label)
-                        self._log(qid, fam, retries[b], "rejected", a.reasons, rel, a.leak_bits, False, None)
-                        results[b] = SupportPrivacyViolation(
-                            f"{first} (broadcast re-run also rejected: {exc})",
-                            reasons=tuple(dict.fromkeys(first.reasons + a.reasons)), booked=first.booked + exc.booked)
-                except BudgetExceeded as exc:
-                    self._log(qid, fam, retries[b], "budget_exceeded", ("budget",), rel, math.nan, False, None)
-                    results[b] = exc
+                bookings = gw.book(d, rel.plan, label)
+            except BudgetExceeded:
+                self._log(d, "budget_exceeded", rel)
+                results[b] = refusal(d.query_id)
+                continue
+            gw.record_count(d.family, rel.count)
+            self._log(d, "admitted" if d.route == "primary" else "admitted_fallback", rel, bookings, True)
+            results[b] = self._respond(d, rel)
         return results
 
-    def retrieve(self, q, family: str | None = None, retry_of: int | None = None) -> Response:
+    def retrieve(self, q, family: str | None = None, retry_of: int | None = None, *,
+                 principal: str | None = None) -> Response:
         """One query. Raises ``SupportPrivacyViolation`` ("no memory available"), never returns an empty response."""
         r = self.retrieve_many(np.asarray(q, dtype=np.float64)[None] if np.ndim(q) == 1 else q,
-                               [family], [retry_of])
+                               [family], [retry_of], principal=principal)
         if len(r) != 1:
             raise ValueError(f"q must be one query vector of dimension {self.config.key_dim}. Found shape "
                              f"{np.shape(q)}.")

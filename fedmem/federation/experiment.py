@@ -30,6 +30,7 @@ membership ROC with the DP ceiling of the booked epsilon, booked vs empirical ep
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass, fields
 
@@ -38,7 +39,10 @@ import numpy as np
 from fedmem.report import Result, Table
 from fedmem.scenario import Experiment, Param, at_least, nonnegative, open_unit, positive
 
-ATTACKS = ("reconstruction", "differencing", "noise_scale", "retries")
+ATTACKS = ("reconstruction", "differencing", "noise_scale", "refusal_content", "admission_oracle", "timing",
+           "retry_averaging", "near_duplicate", "principal_spreading", "retries")
+GAME_ATTACKS = ("differencing", "noise_scale", "refusal_content", "admission_oracle", "timing", "retry_averaging",
+                "near_duplicate")
 
 # ---------------------------------------------------------------------------- schema
 FEDERATION_SCHEMA = {
@@ -57,18 +61,25 @@ FEDERATION_SCHEMA = {
     "noise": Param(str, "gaussian", "central DP noise on the aggregate", choices=("gaussian", "laplace")),
     "sigma": Param(float, 1.2, "noise multiplier (noise std = sigma * sensitivity)", check=positive),
     "delta": Param(float, 1e-6, "delta of the accountant and of every Gaussian release", check=open_unit),
-    "calibration": Param(str, "global", "global: noise for a fixed n_bound (flawed); realized: actual n",
-                         choices=("global", "realized")),
+    "calibration": Param(str, "realized", "realized: noise calibrated to the denominator applied; global: noise "
+                         "sized for n_bound (papers/003's flawed practice; refused with the gateway on and a "
+                         "data-dependent count)", choices=("global", "realized")),
     "n_bound": Param(int, 40, "contributor count assumed by global calibration", check=positive),
-    "receipts": Param(str, "expose", "receipt (per-shard tally) policy",
+    "receipts": Param(str, "suppress", "receipt (per-shard tally) policy",
                       choices=("expose", "suppress", "noised", "broadcast")),
     "receipt_sigma": Param(float, 1.0, "noise multiplier of noised tallies", check=positive),
-    "gateway": Param(bool, False, "run the support-leak gateway (papers/003 Decision Boundary)"),
-    "support_budget_bits": Param(float, 1.0, "gateway: support leak allowed per query family, in bits",
-                                 check=nonnegative),
-    "tolerance": Param(int, 2, "gateway: allowed |realized n - calibrated n|", check=nonnegative),
-    "on_reject": Param(str, "raise", "gateway: raise SupportPrivacyViolation or re-run under broadcast",
-                       choices=("raise", "rerun_broadcast")),
+    "gateway": Param(bool, True, "run the support-leak gateway (papers/003 Decision Boundary); false = undefended"),
+    "on_reject": Param(str, "raise", "gateway: refuse, or answer by the support-safe broadcast when the primary "
+                       "release cannot be admitted", choices=("raise", "rerun_broadcast")),
+    "support_budget_bits": Param(float, 1.0, "support-channel bits allowed per principal (inf disables)",
+                                 check=positive, allow_inf=True),
+    "total_support_budget_bits": Param(float, 4.0, "support-channel bits allowed over all principals (inf "
+                                       "disables)", check=positive, allow_inf=True),
+    "epsilon_budget": Param(float, 10.0, "epsilon (at delta) allowed per principal (inf disables)",
+                            check=positive, allow_inf=True),
+    "total_epsilon_budget": Param(float, 100.0, "epsilon (at delta) allowed over all principals (inf disables)",
+                                  check=positive, allow_inf=True),
+    "max_batch": Param(int, 1024, "most queries per retrieve_many call", check=positive),
     "sampling": Param(str, "fast", "noise sampler", choices=("fast", "secure")),
     "timeout_s": Param(float, 30.0, "timeout of every remote call", check=positive),
     "hosts": Param(int, 2, "shard-host Ray actors (shards are split among them)", check=positive),
@@ -94,6 +105,18 @@ SCHEMA = {
         "targets": Param(int, 8, "candidate records of the membership games", check=positive),
         "repeats": Param(int, 100, "queries per target and world in the membership games (a Clopper-Pearson "
                          "bound from T trials per world cannot exceed about ln(T/7))", check=at_least(4)),
+        "r": Param(int, 4, "queries per trial of retry_averaging and near_duplicate (values averaged)",
+                   check=positive),
+        "near_duplicate_radius": Param(float, 0.05, "angle (radians) of near-duplicate queries from the target "
+                                       "query", check=nonnegative),
+        "timing_trials": Param(int, 40, "timed single queries per target and world (interleaved between worlds)",
+                               check=at_least(4)),
+        "references": Param(int, 5, "reference queries on the known neighbour (refusal_content's categories)",
+                             check=positive),
+        "boundary_tolerance": Param(int, 2, "admission_oracle: the |n - n_bound| <= tolerance rule whose boundary "
+                                    "the adversary searches for offline", check=nonnegative),
+        "sybils": Param(int, 8, "principal_spreading: principals the adversary connects", check=positive),
+        "sybil_queries": Param(int, 64, "principal_spreading: queries spread over the sybils", check=positive),
         "retry_counts": Param(list, [1, 2, 4, 8, 16], "retry counts r of the silent-retry attack", item_type=int,
                               check=lambda v: None if v and all(x >= 1 for x in v) else
                               f"must be a non-empty list of integers >= 1, found {v!r}"),
@@ -125,6 +148,12 @@ def cross_checks(cfg) -> list[tuple[str, str]]:
                                                 f"(found selection={f.selection!r})"))
     if f.mpc == "crypten" and f.parties not in (2, 3):
         problems.append(("federation.parties", f"crypten needs 2 or 3 parties, found {f.parties}"))
+    if f.gateway and f.calibration == "global" and f.selection == "threshold" and f.receipts != "broadcast":
+        problems.append(("federation.calibration",
+                         "calibration='global' with selection='threshold' cannot be defended (gateway=true): the "
+                         "delivered noise depends on the exact selected count, and refusing by |n - n_bound| would "
+                         "make the refusal itself a leak; use calibration='realized', selection='topk' or "
+                         "'broadcast', or gateway=false to demonstrate the leak"))
     return problems
 
 
@@ -159,12 +188,11 @@ class Services:
             import ray
         except ImportError:  # pragma: no cover - ray is a hard dependency
             return
-        if not ray.is_initialized():
-            if ray_address is None:
-                ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-            else:
-                ray.init(address=ray_address, log_to_driver=False)
-            self.owns_ray = ray_address is None
+        from fedmem._ray import ensure_ray
+
+        opts = cfg.get("ray", {}) if hasattr(cfg, "get") else {}
+        self.owns_ray = ensure_ray(ray_address, num_cpus=opts.get("num_cpus") or None,
+                                   object_store_mb=opts.get("object_store_mb") or None)
         from fedmem.federation import mpc
 
         f = cfg.federation
@@ -241,8 +269,8 @@ def _leaky(resp, truth, f) -> list[str]:
         why.append("exact count")
     if "count:implicit" in resp.channels:
         why.append("implicit exact count")
-    if f.calibration == "global" and data_dependent and "value" in resp.channels:
-        if abs(int(truth.count) - f.n_bound) > f.tolerance:
+    if "value:calibration" in resp.channels:
+        if int(truth.count) < f.n_bound:   # delivered multiplier sigma * n / n_bound < sigma booked
             why.append("calibration mismatch")
     return why
 
@@ -319,7 +347,12 @@ def reference_support(data, q, f, truth) -> int:
 
 # ------------------------------------------------------------------- (a) reconstruction
 def run_reconstruction(cfg, ctx, data, fed, acc) -> list[QueryRecord]:
-    """The adaptive stream: one query at a time (the next depends on this answer)."""
+    """The adaptive stream: one query at a time (the next depends on this answer).
+
+    The adversary is one principal (``fed.connect()``); refusals are read as such. The
+    reasons and bookings come from the operator's audit log and accountant (evaluation
+    only, never shown to the adversary).
+    """
     from fedmem.attacks.adaptive import AdaptiveAdversary
     from fedmem.attacks.support import reconstruct_cardinality, reconstruct_count
     from fedmem.errors import SupportPrivacyViolation
@@ -328,20 +361,23 @@ def run_reconstruction(cfg, ctx, data, fed, acc) -> list[QueryRecord]:
     arng = ctx.rng("adversary")
     anchors = data.centers + a.anchor_noise * arng.standard_normal(data.centers.shape) / math.sqrt(f.key_dim)
     adv = AdaptiveAdversary(anchors, arng, shards=f.shards, k_local=f.k_local, step=a.step, explore=a.explore)
+    client = fed.connect()
     std_of_n = _noise_std_of_n(f)
     records: list[QueryRecord] = []
     norms_sq: list[float] = []   # the adversary's own history of ||released||^2
     for _ in ctx.progress(range(a.queries), a.queries, "adaptive queries"):
         p = adv.next_query()
         before = acc.count
-        resp, reasons = None, ()
+        resp = None
         try:
-            resp = fed.retrieve(p.q, family=p.family, retry_of=p.retry_of)
-        except SupportPrivacyViolation as exc:
-            reasons = tuple(exc.reasons) or (str(exc),)
-        audit = getattr(fed, "audit", None)
-        if audit and resp is not None and audit[-1].decision == "admitted_rerun":
-            reasons = tuple(audit[-1].reasons) + ("(re-run under broadcast, admitted)",)
+            resp = client.retrieve(p.q, family=p.family, retry_of=p.retry_of)
+        except SupportPrivacyViolation:
+            pass
+        log = getattr(fed, "audit", None)
+        last = log[-1] if log else None
+        reasons = tuple(last.reasons) if last is not None else ()
+        if last is not None and last.decision == "admitted_fallback":
+            reasons = reasons + ("(answered by the support-safe broadcast)",)
         adv.observe(p, resp)
         truth = fed.ground_truth(p.q)
         hist = acc.history[before:] if acc.count > before else []
@@ -354,15 +390,16 @@ def run_reconstruction(cfg, ctx, data, fed, acc) -> list[QueryRecord]:
             cest = reconstruct_count(resp, shards=f.shards, k_local=f.k_local, noise_std_of_n=std_of_n,
                                      signal_sq=sig)
             norms_sq.append(float(np.sum(np.asarray(resp.value, dtype=np.float64) ** 2)))
-            exact = relevant_selection(data, p.q, f)[1] if _broadcast(f) else _exact_mean(truth)
+            bcast = _broadcast(f) or getattr(resp, "selection", f.selection) == "broadcast"
+            exact = relevant_selection(data, p.q, f)[1] if bcast else _exact_mean(truth)
             mse = float(np.mean((np.asarray(resp.value) - exact) ** 2)) if exact is not None else float("nan")
             why = _leaky(resp, truth, f)
-            channels, eps = tuple(resp.channels), float(resp.epsilon_spent)
+            channels = tuple(resp.channels)
             uncovered = bool(why) or n_events < _dp_channels_expected(resp, f)
         else:
             uncovered = False
             est, cest, used, mse, why, channels = float("nan"), float("nan"), "rejected", float("nan"), [], ()
-            eps = acc.spent(f.delta)
+        eps = acc.spent(f.delta) if acc.count else 0.0
         records.append(QueryRecord(p.index, p.family, p.retry_of, resp is not None, reasons, channels, est, used,
                                    reference_support(data, p.q, f, truth), cest,
                                    relevant_selection(data, p.q, f)[2] if _broadcast(f) else int(truth.count),
@@ -371,7 +408,7 @@ def run_reconstruction(cfg, ctx, data, fed, acc) -> list[QueryRecord]:
     return records
 
 
-# ----------------------------------------------------------- (b), (c) membership games
+# ------------------------------------------------- membership games over every observable
 def _candidate(data, rng, f):
     """The auditor's candidate record: worst case, as privacy audits choose their neighbours.
 
@@ -397,68 +434,177 @@ def _candidate(data, rng, f):
     return shard, key, v, c
 
 
-def _ask_many(fed, q, n: int, family: str) -> list:
-    """Ask the same query ``n`` times (one batch when the engine has ``retrieve_many``).
+def _ask_trials(fed, qs, per_trial: int, max_batch: int):
+    """Ask ``qs`` in trials of ``per_trial`` consecutive queries, each trial from its own fresh
+    principal, batched across principals. Returns (observations, epsilon booked per trial), the
+    latter read from the federation's own per-principal accountant (what it charged, not what
+    the responses claim)."""
+    from fedmem.attacks.observable import Observation
 
-    Returns one entry per query: the Response, or ``None`` when the gateway refused it.
+    qs = np.asarray(qs, dtype=np.float64)
+    n_trials = qs.shape[0] // per_trial
+    pids = [fed.connect().principal for _ in range(n_trials)]
+    plist = [pids[i // per_trial] for i in range(n_trials * per_trial)]
+    obs = []
+    for i in range(0, len(plist), max_batch):
+        t0 = time.perf_counter()
+        got = fed.retrieve_many(qs[i:i + max_batch], principal=plist[i:i + max_batch])
+        dt = (time.perf_counter() - t0) / max(1, len(got))
+        obs += [Observation(None, r, dt) if isinstance(r, BaseException) else Observation(r, None, dt) for r in got]
+    return obs, [fed.gateway.principal_spent(p) for p in pids]
+
+
+def _count_fn(data, f):
+    """The adversary's offline count of selected records for a query (it knows this dataset)."""
+    def count(q):
+        if _broadcast(f):
+            return f.shards * f.k_local
+        if f.selection == "topk":
+            return f.k
+        return relevant_selection(data, q, f)[2]
+    return count
+
+
+def game_config(cfg):
+    """The scenario's federation with every budget lifted (``math.inf``).
+
+    Budget refusals are decided from public state, so they cannot separate the worlds;
+    lifting them only gives the adversary more answers, which makes the audit
+    conservative (it can find more leakage, never less).
     """
-    from fedmem.errors import BudgetExceeded, SupportPrivacyViolation
+    import dataclasses
 
-    if hasattr(fed, "retrieve_many"):
-        got = fed.retrieve_many(np.repeat(np.asarray(q, dtype=np.float64)[None], n, axis=0), [family] * n)
-        return [None if isinstance(r, (SupportPrivacyViolation, BudgetExceeded)) else r for r in got]
-    out = []
-    for _ in range(n):
-        try:
-            out.append(fed.retrieve(q, family=family))
-        except SupportPrivacyViolation:
-            out.append(None)
-    return out
+    config = federation_config(cfg)
+    lifted = {k: math.inf for k in ("epsilon_budget", "total_epsilon_budget", "support_budget_bits",
+                                     "total_support_budget_bits") if hasattr(config, k)}
+    return dataclasses.replace(config, **lifted) if dataclasses.is_dataclass(config) else config
 
 
-def run_membership(cfg, ctx, data, world_accountant, parties=None) -> dict:
+def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
     """Membership games: for each target, a world with and a world without the record.
 
-    Each world answers the target query ``repeats`` times (the world without it once
-    more: the adversary's reference run, its knowledge of the neighbour in the DP game).
-    Returns the scores and the epsilon booked for one query (read off a fresh accountant
-    per world).
+    Both worlds run at once (so the timing attack can interleave them). Per world each
+    attack gets ``repeats`` trials from its own principal; the adversary's reference runs
+    (its knowledge of the neighbour without the record, as in the DP game) come from a
+    separate principal on that world. Returns per attack the positive/negative scores
+    and the epsilon booked for one trial.
     """
+    from fedmem.attacks import observable as O
     from fedmem.attacks.support import differencing_score, value_score
     from fedmem.bench.shards import with_record
 
     f, a = cfg.federation, cfg.attack
+    want = [x for x in GAME_ATTACKS if x in a.attacks]
     trng = ctx.rng("targets")
-    out = {"diff_pos": [], "diff_neg": [], "value_pos": [], "value_neg": [], "eps_one": [], "n_target": [],
-           "rejected": {"with": 0, "without": 0}, "queries": 0}
-    config = federation_config(cfg)
+    out: dict = {name: {"pos": [], "neg": [], "booked": []} for name in want}
+    out.update({"queries": 0, "refused": {"with": 0, "without": 0}, "eps_one": [], "n_target": [],
+                "boundary_found": 0})
+    config = game_config(cfg)
+    mb = getattr(config, "max_batch", 1024)
+    R, T = a.repeats, a.r
+
     for t in ctx.progress(range(a.targets), a.targets, "membership targets"):
         shard, key, value, _ = _candidate(data, trng, f)
         worlds = {"with": with_record(data, shard, key, value), "without": data}
-        answers = {}
-        for w, wdata in worlds.items():
-            acc = world_accountant(f"target{t}-{w}")
-            fed = make_federation(config, wdata, accountant=acc, rng=ctx.rng("engine", t, w),
-                                  ray_address=ctx.ray_address, parties=parties)
-            try:
-                first = _ask_many(fed, key, 1, f"target-{t}")
-                if first[0] is not None:
-                    out["eps_one"].append(float(first[0].epsilon_spent))
-                got = first + _ask_many(fed, key, a.repeats - 1 + (1 if w == "without" else 0), f"target-{t}")
-                out["rejected"][w] += sum(r is None for r in got)
-                out["queries"] += len(got)
+        feds = {}
+        try:
+            for w, wdata in worlds.items():
+                feds[w] = make_federation(config, wdata, accountant=world_accountant(f"target{t}-{w}"),
+                                          rng=ctx.rng("engine", t, w), ray_address=ctx.ray_address, parties=parties)
+            bq = key
+            if "admission_oracle" in want:
+                bq, _, _, found = O.search_boundary_query(
+                    _count_fn(worlds["without"], f), _count_fn(worlds["with"], f), key,
+                    O.tolerance_boundary(f.n_bound, a.boundary_tolerance), ctx.rng("boundary", t))
+                out["boundary_found"] += int(found)
+            refs, _ = _ask_trials(feds["without"], np.repeat(key[None], a.references, axis=0), 1, mb)
+            ref_fps = {O.fingerprint(o) for o in refs}
+            reference = refs[0].response
+            for w, fed in feds.items():
+                tag = "pos" if w == "with" else "neg"
+                single, booked = _ask_trials(fed, np.repeat(key[None], R, axis=0), 1, mb)
+                out["queries"] += len(single)
+                out["refused"][w] += sum(not o.answered for o in single)
+                out["eps_one"] += [e for o, e in zip(single, booked) if o.answered]
                 if w == "with":
                     out["n_target"].append(int(fed.ground_truth(key).count))
-            finally:
+                for o, e in zip(single, booked):
+                    scores = {"differencing": lambda: differencing_score(o.response, reference, shard),
+                              "noise_scale": lambda: value_score(o.response, value),
+                              "refusal_content": lambda: O.category_score(o, ref_fps)}
+                    for name, fn in scores.items():
+                        if name in want:
+                            out[name][tag].append(fn())
+                            out[name]["booked"].append(e)
+                if "admission_oracle" in want:
+                    adm, booked = _ask_trials(fed, np.repeat(bq[None], R, axis=0), 1, mb)
+                    out["queries"] += len(adm)
+                    for o, e in zip(adm, booked):
+                        out["admission_oracle"][tag].append(O.answered_score(o))
+                        out["admission_oracle"]["booked"].append(e)
+                for name in ("retry_averaging", "near_duplicate"):
+                    if name not in want:
+                        continue
+                    if name == "retry_averaging":
+                        qs = np.repeat(key[None], R * T, axis=0)
+                    else:
+                        nrng = ctx.rng("near-duplicates", t)    # the same perturbations in both worlds
+                        qs = np.concatenate([O.near_duplicates(key, T, a.near_duplicate_radius, nrng)
+                                             for _ in range(R)])
+                    obs, booked = _ask_trials(fed, qs, T, mb)
+                    out["queries"] += len(obs)
+                    for i in range(R):
+                        out[name][tag].append(O.averaged_value_score(obs[i * T:(i + 1) * T], value))
+                        out[name]["booked"].append(booked[i])
+            if "timing" in want:
+                order_rng = ctx.rng("timing-order", t)
+                for _ in range(a.timing_trials):
+                    for w in (("with", "without") if order_rng.random() < 0.5 else ("without", "with")):
+                        client = feds[w].connect()
+                        o = O.observe_one(client, key)
+                        out["timing"]["pos" if w == "with" else "neg"].append(O.latency_score(o))
+                        out["timing"]["booked"].append(client.epsilon_spent)
+                        out["queries"] += 1
+        finally:
+            for fed in feds.values():
                 fed.close()
-            answers[w] = got
-        reference = answers["without"][0]
-        for w, resps in (("with", answers["with"]), ("without", answers["without"][1:])):
-            tag = "pos" if w == "with" else "neg"
-            for r in resps:
-                out[f"diff_{tag}"].append(differencing_score(r, reference, shard))
-                out[f"value_{tag}"].append(value_score(r, value))
     return out
+
+
+def run_spreading(cfg, ctx, data, world_accountant, parties=None):
+    """``principal_spreading``: a Sybil spreads one query over many principals (real budgets)."""
+    from fedmem.attacks import observable as O
+    from fedmem.bench.shards import sample_queries
+
+    f, a = cfg.federation, cfg.attack
+    q = sample_queries(data, 1, ctx.rng("spreading-query"))[0]
+    config = federation_config(cfg)
+    fed = make_federation(config, data, accountant=world_accountant("spreading"), rng=ctx.rng("engine", "spreading"),
+                          ray_address=ctx.ray_address, parties=parties)
+    try:
+        clients = [fed.connect() for _ in range(a.sybils)]
+        obs = []
+        for i in range(a.sybil_queries):
+            c = clients[i % len(clients)]
+            obs += O.observe_batch(c, q[None], [f"label-{i}"])     # a fresh label every time, too
+        unbooked = any(o.answered and o.response.selection != "broadcast" and
+                       any(ch in o.response.channels for ch in ("receipts", "count", "count:implicit",
+                                                                  "value:calibration"))
+                       and not _has_support_event(o.response) for o in obs)
+        rep = O.spreading_report(obs, a.sybils, f.delta, getattr(config, "total_support_budget_bits", math.inf),
+                                 getattr(config, "total_epsilon_budget", math.inf), a.accountant)
+        if unbooked:   # exact support channels: no finite bound on what they reveal
+            rep = O.SpreadingReport(rep.principals, rep.queries, rep.answered, math.inf,
+                                    rep.total_support_budget_bits, rep.epsilon_seen, rep.total_epsilon_budget,
+                                    "EXCEEDS TOTAL BUDGET")
+        return rep
+    finally:
+        fed.close()
+
+
+def _has_support_event(resp) -> bool:
+    ev = getattr(resp, "event", None)
+    return bool(ev) and ev.get("type") == "composed" and len(ev["events"]) > 1
 
 
 # ------------------------------------------------------------------------ (d) retries
@@ -477,17 +623,21 @@ def run_retries(cfg, ctx, data, world_accountant, parties=None) -> list[list]:
         fed = make_federation(config, data, accountant=acc, rng=ctx.rng("engine", "retries", mode),
                               ray_address=ctx.ray_address, parties=parties)
         try:
+            client = fed.connect()
             exact = relevant_selection(data, q, f)[1] if _broadcast(f) else _exact_mean(fed.ground_truth(q))
             values, eps, refused, first = [], [], 0, None
             for i in range(rmax):
                 try:
-                    r = fed.retrieve(q, family="retry", retry_of=(first if mode == "declared" and i > 0 else None))
+                    r = client.retrieve(q, family="retry",
+                                        retry_of=(first if mode == "declared" and i > 0 else None))
                     if first is None:
                         first = r.query_id
+                    if exact is None and r.selection == "broadcast":
+                        exact = relevant_selection(data, q, f)[1]
                     values.append(np.asarray(r.value))
                 except SupportPrivacyViolation:
                     refused += 1
-                eps.append(acc.spent(f.delta))
+                eps.append(client.epsilon_spent)
                 if (i + 1) in a.retry_counts:
                     mse = (float(np.mean((average_releases(values) - exact) ** 2))
                            if values and exact is not None else float("nan"))
@@ -508,7 +658,8 @@ def run(cfg, ctx) -> Result:
         return Accountant(a.accountant, store=store, name=name)
 
     data = make_data(cfg, ctx.rng("data"))
-    metrics: dict = {"variant": _variant(f)}
+    metrics: dict = {"variant": _variant(f), "budgets": {k: f[k] for k in (
+        "epsilon_budget", "total_epsilon_budget", "support_budget_bits", "total_support_budget_bits")}}
     tables: list[Table] = []
     sections: list[tuple[str, str]] = []
     attack_rows, eps_rows = [], []
@@ -520,27 +671,57 @@ def run(cfg, ctx) -> Result:
                      mrng)
     finally:
         services.close()
-    tables.insert(0, Table("Attack metrics", ["attack", "success rate", "AUC", "AUC 95% CI", "TPR@1%FPR",
-                                              "TPR@5%FPR", "empirical eps (CP lower)", "booked eps / query",
-                                              "verdict"], attack_rows,
-                           note="Success rate: reconstruction within tolerance, or balanced accuracy of the "
-                                "held-out threshold test. Empirical eps: Clopper-Pearson lower bound "
-                                f"({1 - a.alpha:.0%}), threshold chosen on a held-out half."))
+    verdicts = [r[-1] for r in attack_rows]
+    overall = "LEAKS BEYOND BOOKED" if any(v.startswith(("LEAKS", "EXCEEDS")) for v in verdicts) else "within booked"
+    metrics["verdict"] = overall
+    tables.insert(0, Table("Attack metrics (what the adversary got vs what was booked for it)",
+                           ["attack", "success rate", "n pos/neg", "AUC", "AUC 95% CI", "TPR@1%FPR",
+                            "empirical eps (CP lower)", "booked eps (what it saw)", "verdict"], attack_rows,
+                           note=f"Overall verdict: {overall}. Success rate: reconstruction within tolerance, or "
+                                "balanced accuracy of the held-out threshold test. Empirical eps: Clopper-Pearson "
+                                f"lower bound ({1 - a.alpha:.0%}), threshold chosen on a held-out half. Booked eps: "
+                                "composed epsilon of the answers one trial of the attack saw (0 if it saw only "
+                                "refusals)."))
     if eps_rows:
-        tables.append(Table("Booked vs empirical epsilon", ["attack", "booked eps / query",
-                                                             "empirical lower bound", "ROC points above ceiling",
-                                                             "verdict"], eps_rows,
-                            note="An empirical lower bound above the booked epsilon (or ROC points above the "
-                                 "DP ceiling) means the release leaks more than it was charged for."))
         _plot_eps(ctx, eps_rows)
     sections.append(("How to read this", _explain(cfg, metrics)))
     return Result(metrics=metrics, tables=tables, sections=sections)
 
 
+def _game_row(name, label, game, f, a, mrng, metrics, attack_rows, eps_rows, roc):
+    from fedmem.attacks import observable as O
+    from fedmem.attacks.support import membership_report
+
+    g = game[name]
+    if len(g["pos"]) < 4 or len(g["neg"]) < 4:
+        return
+    booked = float(max(g["booked"])) if g["booked"] else 0.0
+    rep = membership_report(g["pos"], g["neg"], delta=f.delta, rng=mrng,
+                            epsilon_claim=booked if math.isfinite(booked) else math.inf, alpha=a.alpha)
+    verdict = O.verdict(rep.eps_lower, booked, rep.ceiling_violations)
+    d = rep.as_dict()
+    d.update(eps_booked=booked, verdict=verdict)
+    metrics.setdefault("attacks", {})[name] = d
+    metrics[name] = d
+    roc[name] = (g["pos"], g["neg"])
+    attack_rows.append([label, rep.success_rate, f"{rep.n_pos}/{rep.n_neg}", rep.auc,
+                        f"[{rep.auc_ci[0]:.3f}, {rep.auc_ci[1]:.3f}]", rep.tpr_at_1, rep.eps_lower, booked, verdict])
+    eps_rows.append([name, booked, rep.eps_lower, rep.ceiling_violations, verdict])
+
+
+GAME_LABELS = {
+    "differencing": "(b) differencing (receipts)",
+    "noise_scale": "(c) noise scale / value",
+    "refusal_content": "refusal content & answer kind",
+    "admission_oracle": "admission oracle (boundary query)",
+    "timing": "timing",
+    "retry_averaging": "silent-retry averaging",
+    "near_duplicate": "near-duplicate averaging",
+}
+
+
 def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, attack_rows, eps_rows, mrng):
     import time
-
-    from fedmem.attacks import support as S
 
     f, a = cfg.federation, cfg.attack
     phases = metrics.setdefault("phase_seconds", {})
@@ -559,39 +740,51 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
         phases["reconstruction"] = round(time.perf_counter() - t0, 2)
 
     t0 = time.perf_counter()
-    if {"differencing", "noise_scale"} & set(a.attacks):
-        game = run_membership(cfg, ctx, data, world_accountant, parties)
-        eps_one = float(np.median(game["eps_one"])) if game["eps_one"] else float("nan")
+    if set(GAME_ATTACKS) & set(a.attacks):
+        game = run_games(cfg, ctx, data, world_accountant, parties)
+        eps_one = float(np.median(game["eps_one"])) if game["eps_one"] else 0.0
         metrics["membership_queries"] = game["queries"]
-        metrics["membership_rejected"] = game["rejected"]
+        metrics["membership_refused"] = game["refused"]
         metrics["booked_epsilon_per_query"] = eps_one
+        metrics["boundary_queries_found"] = game["boundary_found"]
         roc = {}
-        for name, key in (("differencing", "diff"), ("noise_scale", "value")):
-            if name not in a.attacks:
-                continue
-            rep = S.membership_report(game[f"{key}_pos"], game[f"{key}_neg"], delta=f.delta, rng=mrng,
-                                      epsilon_claim=eps_one if math.isfinite(eps_one) else math.inf,
-                                      alpha=a.alpha)
-            metrics[name] = rep.as_dict()
-            roc[name] = (game[f"{key}_pos"], game[f"{key}_neg"])
-            verdict = _verdict(rep.eps_lower, eps_one, rep.ceiling_violations)
-            attack_rows.append([f"({'b' if key == 'diff' else 'c'}) {name}", rep.success_rate, rep.auc,
-                                f"[{rep.auc_ci[0]:.3f}, {rep.auc_ci[1]:.3f}]", rep.tpr_at_1, rep.tpr_at_5,
-                                rep.eps_lower, eps_one, verdict])
-            eps_rows.append([name, eps_one, rep.eps_lower, rep.ceiling_violations, verdict])
+        for name in GAME_ATTACKS:
+            if name in a.attacks:
+                _game_row(name, GAME_LABELS[name], game, f, a, mrng, metrics, attack_rows, eps_rows, roc)
         if game["n_target"]:
             n_small = int(np.min(game["n_target"]))
-            eff = S.effective_epsilon(f.sigma, max(1, n_small), f.n_bound, f.delta) \
-                if f.calibration == "global" else eps_one
+            if f.calibration == "global" and not _broadcast(f) and f.selection == "threshold":
+                from fedmem.federation.aggregator import delivered_epsilon
+
+                eff = delivered_epsilon(f.noise, f.sigma * max(1, n_small) / f.n_bound, f.delta)
+            else:
+                eff = eps_one
             metrics["effective_epsilon_smallest_n"] = eff
             metrics["target_selected_counts"] = game["n_target"]
         _plot_roc(ctx, roc, eps_one, f.delta)
         phases["membership"] = round(time.perf_counter() - t0, 2)
 
     t0 = time.perf_counter()
+    if "principal_spreading" in a.attacks:
+        rep = run_spreading(cfg, ctx, data, world_accountant, parties)
+        metrics["principal_spreading"] = rep.as_dict()
+        metrics.setdefault("attacks", {})["principal_spreading"] = rep.as_dict()
+        tables.append(Table("Principal spreading: one adversary, many principals and fresh labels",
+                            ["principals", "queries", "answered", "support bits seen (composed)",
+                             "total support budget (bits)", "eps seen (composed)", "total eps budget", "verdict"],
+                            [[rep.principals, rep.queries, rep.answered, rep.support_bits_seen,
+                              rep.total_support_budget_bits, rep.epsilon_seen, rep.total_epsilon_budget,
+                              rep.verdict]],
+                            note="Budgets are charged per principal and in total, never per caller-chosen label; "
+                                 "exact (unbooked) support channels count as infinitely many bits."))
+        attack_rows.append(["principal spreading (budget)", "-", f"{rep.answered}/{rep.queries} answered", "-", "-",
+                            "-", "-", rep.epsilon_seen, rep.verdict])
+        phases["principal_spreading"] = round(time.perf_counter() - t0, 2)
+
+    t0 = time.perf_counter()
     if "retries" in a.attacks:
         rows = run_retries(cfg, ctx, data, world_accountant, parties)
-        tables.append(Table("(d) Silent retry composition: averaging r releases of one query",
+        tables.append(Table("(d) Retry composition: averaging r releases of one query",
                             ["mode", "r asked", "released", "refused", "MSE of averaged mean",
                              "booked eps after 1", "booked eps after r"], rows,
                             note="Averaging r releases divides the noise variance by r; the booked epsilon "
@@ -599,7 +792,7 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
         metrics["retries"] = [dict(zip(["mode", "r", "released", "refused", "mse", "eps_1", "eps_r"], r))
                               for r in rows]
         grew = all(r[6] >= r[5] - 1e-12 for r in rows) and any(r[6] > r[5] for r in rows if r[2] > 1)
-        metrics["retries_booked"] = bool(grew)
+        metrics["retries_booked"] = bool(grew) or all(r[2] <= 1 for r in rows)
         phases["retries"] = round(time.perf_counter() - t0, 2)
     ctx.log("phase wall seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
 
@@ -608,14 +801,6 @@ def _variant(f) -> str:
     parts = [f"selection={f.selection}", f"receipts={f.receipts}", f"calibration={f.calibration}",
              f"gateway={'on' if f.gateway else 'off'}"]
     return ", ".join(parts)
-
-
-def _verdict(emp: float, booked: float, violations: int) -> str:
-    if not math.isfinite(booked):
-        return "nothing released"
-    if emp > booked or violations > 0:
-        return "LEAKS MORE THAN BOOKED"
-    return "within booked"
 
 
 def _reconstruction_tables(records, cfg, tables, attack_rows, ctx) -> dict:
@@ -637,9 +822,11 @@ def _reconstruction_tables(records, cfg, tables, attack_rows, ctx) -> dict:
     channel_use = Counter(r.channel_used for r in records)
     reasons = Counter(reason for r in records for reason in r.reasons if not reason.startswith("("))
     first = next((r for r in records if r.released), None)
-    attack_rows.append(["(a) cardinality reconstruction", rep.rate, "-", "-", "-", "-", "-",
-                        first.eps_after if first is not None else float("nan"),
-                        "no better than chance" if rep.at_chance else "beats chance"])
+    uncovered_any = any(r.uncovered for r in released)
+    rverdict = ("LEAKS BEYOND BOOKED" if uncovered_any else "at chance" if rep.at_chance
+                else "beats chance (through booked channels)")
+    attack_rows.append(["(a) cardinality reconstruction", rep.rate, f"{rep.queries} queries", "-", "-", "-", "-",
+                        records[-1].eps_after if records else 0.0, rverdict])
     ctru = [r.count_true for r in records]
     tables.append(Table("(a) Cardinality reconstruction over the adaptive queries",
                         ["target", "queries", "hits", "rate", "95% CI", "chance rate (best constant)",
@@ -662,12 +849,13 @@ def _reconstruction_tables(records, cfg, tables, attack_rows, ctx) -> dict:
                         [[len(records), len(released), len(rejected), len(leaky_fwd), len(unbooked),
                           sum(r.bookings for r in records), records[-1].eps_after if records else 0.0]],
                         note="Support-leaky: exact data-dependent receipts or count (also as the exact "
-                             "denominator of the mean), or global calibration off the realized n by more than "
-                             f"{f.tolerance} (papers/003 Conditions of Validity), judged from the ground truth. "
+                             "denominator of the mean), or global calibration with a realized n below n_bound "
+                             "(papers/003 Conditions of Validity), judged from the ground truth. "
                              "Uncovered: a leaky channel, or fewer DP events booked than DP channels emitted."))
     if reasons:
-        tables.append(Table("Rejections by reason", ["reason", "queries"], sorted(reasons.items()),
-                            note=(f"{len(rerun)} rejected queries were re-run under broadcast and admitted "
+        tables.append(Table("Refusals by reason (operator's audit log; the agent sees one uniform refusal)",
+                            ["reason", "queries"], sorted(reasons.items()),
+                            note=(f"{len(rerun)} queries were answered by the support-safe broadcast instead "
                                   "(on_reject='rerun_broadcast')." if rerun else "A query can fail several checks.")))
     tables.append(Table("Utility", ["variant", "released queries", "MSE of released mean vs exact mean",
                                     "median MSE"],
@@ -774,22 +962,30 @@ def _plot_eps(ctx, eps_rows):
 
 def _explain(cfg, m) -> str:
     f = cfg.federation
-    lines = [f"Variant: {m['variant']}."]
+    lines = [f"Variant: {m['variant']}. Overall verdict: **{m.get('verdict', '?')}**."]
+    b = m.get("budgets", {})
+    off = [k for k, v in b.items() if not math.isfinite(v)]
+    lines.append("- Budgets: " + ", ".join(f"{k} = {v:g}" for k, v in b.items())
+                 + (f" (disabled: {', '.join(off)})" if off else "") + ". The membership games lift them "
+                 "(budget refusals are decided from public state; lifting them can only help the adversary).")
     if "reconstruction" in m:
         r = m["reconstruction"]
         lines.append(f"- Cardinality reconstruction: {r['within']}/{r['queries']} queries within "
                      f"+-{cfg.attack.tolerance} shards ({r['rate']:.0%}; best constant guess {r['chance_rate']:.0%}). "
                      "papers/003 saw 94%.")
-        lines.append(f"- Forwarded {m['forwarded']}, rejected {m['rejected']}; support-leaky responses forwarded: "
+        lines.append(f"- Forwarded {m['forwarded']}, refused {m['rejected']}; support-leaky responses forwarded: "
                      f"{m['forwarded_leaky']}; forwarded with a channel the accountant does not cover: "
                      f"{m['forwarded_unbooked']}.")
-    for name in ("differencing", "noise_scale"):
-        if name in m:
-            x = m[name]
-            lines.append(f"- {name}: AUC {x['auc']:.3f} (CI {x['auc_ci'][0]:.3f}..{x['auc_ci'][1]:.3f}), "
-                         f"empirical eps >= {x['eps_lower']:.2f} vs booked {m['booked_epsilon_per_query']:.2f} "
-                         "per query.")
-    if f.calibration == "global":
+    for name, x in m.get("attacks", {}).items():
+        if "auc" in x:
+            lines.append(f"- {name}: AUC {x['auc']:.3f} (CI {x['auc_ci'][0]:.3f}..{x['auc_ci'][1]:.3f}, "
+                         f"n = {x['n_pos']}/{x['n_neg']}), empirical eps >= {x['eps_lower']:.2f} vs booked "
+                         f"{x['eps_booked']:.2f} for what it saw: {x['verdict']}.")
+        else:
+            lines.append(f"- {name}: {x['answered']}/{x['queries']} answered over {x['principals']} principals, "
+                         f"support bits seen {x['support_bits_seen']:.3g} (total budget "
+                         f"{x['total_support_budget_bits']:g}): {x['verdict']}.")
+    if f.calibration == "global" and f.selection == "threshold":
         lines.append("- Global calibration books the epsilon of sigma for n_bound contributors; with fewer real "
                      "contributors one record moves the mean by more, so the true epsilon is larger "
                      f"(smallest target n gives eps ~ {m.get('effective_epsilon_smallest_n', float('nan')):.3g}).")

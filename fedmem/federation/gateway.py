@@ -1,221 +1,275 @@
 """Gateway: admission control at the aggregation boundary (papers/003, Decision Boundary).
 
 "Acceptance is not the default; it is the outcome of a positive check on the support
-channel." For every candidate :class:`~fedmem.federation.aggregator.Release` the
-gateway runs three checks and admits only if all pass:
+channel." fedmem's gateway adds one rule papers/003 leaves implicit: **the decision
+itself is a channel**. A querying agent sees whether it got an answer, which kind of
+answer, and when; so every admission decision here is a function of public
+configuration, of the query's public metadata (principal, retry link) and of what has
+already been *booked* — never of the private records. Concretely, :meth:`Gateway.decide`
+runs **before anything private is computed**, on the release *plan*
+(:meth:`~fedmem.federation.aggregator.ReleasePolicy.plan`: the channels, kinds and DP
+events of every release of a policy, derived from the configuration alone):
 
-1. ``support_leak``: the family's support-leak estimate, including this release, must
-   not exceed ``support_budget_bits``.
-2. ``calibration_mismatch``: ``|realized n - calibrated n| <= tolerance`` (papers/003,
-   "the contributing-set size used for calibration differs from the realized size by
-   more than a tolerance").
-3. ``retry_unbooked``: a retry (``retry_of=j``) is admitted only if query ``j`` was
-   issued through this gateway, so that the retry joins ``j``'s family and composes
-   with it; a retry of an unknown query cannot be composed and is refused.
+1. ``retry_unbooked``: a declared retry (``retry_of=j``) must name a query this
+   federation issued (query ids are durable, public and sequential).
+2. ``unbookable``: a plan with an ``"exact"`` support channel (exposed receipts or
+   count, the exact denominator of a mean, a global calibration whose delivered noise
+   depends on the realized count) has no finite privacy loss: papers/003's cardinality
+   differencing separates some neighbouring pair with certainty. With the gateway on
+   such a plan is never admitted, for any query (so the refusal says nothing about the
+   data).
+3. ``support_budget``: the plan's DP support events (noised receipts) composed with
+   everything this principal's support channels already released, and with every
+   principal's, must stay within ``support_budget_bits`` per principal and
+   ``total_support_budget_bits`` in total. Bits are ``epsilon(delta) / ln 2`` of the RDP
+   (or PLD) composition: an epsilon-DP channel's privacy loss is at most epsilon nats.
+4. ``epsilon_budget``: the plan's DP events (value and support) composed per principal
+   and in total must stay within ``epsilon_budget`` / ``total_epsilon_budget`` at
+   ``delta``.
 
-**Support-leak estimator** (bits, per query family; data-independent by design, so the
-admit/reject decision of checks 1 and 3 reveals nothing about the records). A family is
-the client's ``family`` label (``None`` puts the query into one shared default family:
-fail closed), and a retry always joins its original's family. The estimate is the sum
-over the family's *emitted* support channels plus the candidate's:
+Budgets are charged per **principal** — the identity the federation gives a client
+when it connects (:meth:`~fedmem.federation.engine.Federation.connect`), never a label
+the caller chooses — and in total, so a Sybil that connects many times is still bounded
+by the totals. A query family is kept only as a label in the operator's audit log.
+All spend lives in durable accountants in the same SQLite store as the federation's
+accountant (names ``<accountant>/principal/<id>``, ``<accountant>/support/<id>``,
+``<accountant>/support/total``), together with the issued query ids and principals,
+so a restart neither resets a budget nor forgets a query.
 
-* ``"public"`` channel (constant by construction, e.g. broadcast tallies, top-k count):
-  0 bits;
-* ``"exact"`` channel (exposed tallies or count, or a mean divided by the exact count):
-  **infinite**. A deterministic data-dependent count separates some neighbouring pair
-  with certainty (papers/003's cardinality differencing, "epsilon-free"), so no finite
-  privacy-loss bound exists. papers/003 suggests estimating leakage "from the
-  receipt-count variance across the query family"; a plug-in variance/entropy estimate
-  is 0 for the first query of every family and would admit exactly the leaky response
-  the record documents, so fedmem uses the worst case for exact channels;
-* ``"dp"`` channels (noised tallies): the log-ratio (privacy-loss) bound of their
-  composition, ``epsilon_F(delta) / ln 2`` bits, where ``epsilon_F`` is the RDP
-  composition (dp-accounting) of every noised support event of the family at the
-  gateway's ``delta``. Since an epsilon-DP channel's privacy loss is at most epsilon
-  nats, this upper-bounds what the family's receipts reveal about any one record;
-* ``"derived"`` channels (post-processing of the above): 0 extra bits.
+With ``on_reject="rerun_broadcast"`` the gateway has a second route: when the primary
+plan cannot be admitted, the query is answered by the support-safe broadcast plan
+instead (it is checked the same way). Which route answers is again decided before any
+computation, from public state only.
 
-:meth:`Gateway.empirical_bits` additionally reports the plug-in entropy of the released
-counts across a family (the quantity papers/003 gestures at) as a diagnostic only.
+Refusals: the agent receives :class:`~fedmem.errors.SupportPrivacyViolation` with the
+constant text ``"no memory available for this query"`` and no other content; the reasons
+go to the operator's audit record (:class:`~fedmem.federation.engine.AuditRecord`).
 
-The calibration check (2) compares the exact realized count with the calibration count,
-so under ``calibration="global"`` the *rejection itself* depends on the data (it reveals
-whether ``|n - n_bound| > tolerance``). That one bit per query is not booked; under
-``calibration="realized"`` the check always passes and the decision is data-independent.
+Booking (:meth:`Gateway.book`) charges the per-principal, total, per-principal-support
+and total-support accountants in **one** SQLite transaction (all or nothing) after the
+release is computed and before it is returned.
 
-**Operational effect** (papers/003): on rejection the gateway (a) drops the aggregate and
-receipts, (b) books only what was already emitted (:meth:`reject` takes the emitted
-channels; in the engine nothing leaves before the gateway decides, so a rejection books
-nothing, but a channel emitted earlier, e.g. by a fault path, still counts), and
-(c) raises :class:`~fedmem.errors.SupportPrivacyViolation`; the engine may re-run the
-query under the support-safe broadcast selection (``on_reject="rerun_broadcast"``).
-On admission, every DP channel is booked in the durable accountant **before** the
-release is returned (:meth:`admit`).
+:meth:`Gateway.empirical_bits` reports papers/003's plug-in entropy of released counts
+across a family as a diagnostic only: it is 0 on a family's first query, which is why it
+never decides anything.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from dataclasses import dataclass, field
+from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting import rdp
 
 from fedmem import _validate as V
-from fedmem.dp import Accountant
+from fedmem.dp import Accountant, book_together
 from fedmem.errors import SupportPrivacyViolation
-from fedmem.federation.aggregator import Release, book_release
+from fedmem.federation.aggregator import ReleasePlan
 
-DEFAULT_FAMILY = "__default__"
-REASONS = ("support_leak", "calibration_mismatch", "retry_unbooked")
+ANONYMOUS = "anonymous"
+ROUTES = ("primary", "fallback")
+REASONS = ("retry_unbooked", "unbookable", "support_budget", "epsilon_budget")
+REFUSAL_TEXT = "no memory available for this query"
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS federation_principals (
+    federation TEXT NOT NULL, principal TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY (federation, principal));
+CREATE TABLE IF NOT EXISTS federation_queries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, federation TEXT NOT NULL, qid INTEGER NOT NULL, principal TEXT NOT NULL,
+    family TEXT, retry_of INTEGER);
+CREATE INDEX IF NOT EXISTS ix_federation_queries ON federation_queries (federation, qid);
+"""
 
 
-@dataclass
-class _Family:
-    support_events: list = field(default_factory=list)   # DP events of emitted noised support channels
-    exact_emitted: int = 0                                 # exact support channels emitted (gateway off only)
-    counts: list = field(default_factory=list)            # released counts (diagnostic)
-    queries: list = field(default_factory=list)
+def refusal(query_id: int | None = None) -> SupportPrivacyViolation:
+    """The one refusal an agent ever receives: constant text, no data-dependent attribute."""
+    return SupportPrivacyViolation(REFUSAL_TEXT, query_id=query_id)
 
 
 @dataclass(frozen=True)
-class Assessment:
-    """The gateway's verdict on one candidate release."""
+class Decision:
+    """The gateway's verdict on one query, taken before anything private was computed."""
 
     query_id: int
+    principal: str
     family: str
-    reasons: tuple[str, ...]
-    messages: tuple[str, ...]
-    leak_bits: float
+    retry_of: int | None
+    route: str | None           # "primary" | "fallback" | None (refused)
+    reasons: tuple[str, ...]    # why the primary (and fallback) route was refused: operator's audit only
+    leak_bits: float            # principal's support bits after this query, if admitted
 
     @property
     def admitted(self) -> bool:
-        return not self.reasons
+        return self.route is not None
+
+
+def _finite_or_inf(name: str, value) -> float:
+    v = float(value) if not isinstance(value, bool) else value
+    if not isinstance(v, float) or math.isnan(v) or v <= 0:
+        raise ValueError(f"{name} must be positive (math.inf disables it). Found {value!r}.")
+    return v
 
 
 class Gateway:
-    """Support-leak, calibration and retry checks; books before anything leaves."""
+    """Data-independent admission, per-principal and total budgets, atomic durable booking."""
 
-    def __init__(self, accountant: Accountant, *, support_budget_bits: float = 1.0, tolerance: int = 2,
-                 delta: float = 1e-6):
+    def __init__(self, accountant: Accountant, *, enabled: bool = True, support_budget_bits: float = 1.0,
+                 total_support_budget_bits: float = 4.0, epsilon_budget: float = 10.0,
+                 total_epsilon_budget: float = 100.0, delta: float = 1e-6, federation: str | None = None):
         if not isinstance(accountant, Accountant):
             raise TypeError(f"accountant must be a fedmem.dp.Accountant. Found {type(accountant).__name__}.")
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool. Found {enabled!r}.")
         self.accountant = accountant
-        self.support_budget_bits = V.nonnegative("support_budget_bits", support_budget_bits)
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, np.integer)) or tolerance < 0:
-            raise ValueError(f"tolerance must be a non-negative integer. Found {tolerance!r}.")
-        self.tolerance = int(tolerance)
+        self.enabled = enabled
+        self.support_budget_bits = _finite_or_inf("support_budget_bits", support_budget_bits)
+        self.total_support_budget_bits = _finite_or_inf("total_support_budget_bits", total_support_budget_bits)
+        self.epsilon_budget = _finite_or_inf("epsilon_budget", epsilon_budget)
+        self.total_epsilon_budget = _finite_or_inf("total_epsilon_budget", total_epsilon_budget)
         self.delta = V.open_unit("delta", delta)
-        self._families: dict[str, _Family] = {}
-        self._issued: dict[int, str] = {}   # query id -> family
+        self.name = federation or accountant.name
+        self.store = accountant.store
+        for stmt in _TABLES.strip().split(";"):
+            if stmt.strip():
+                with self.store.transaction() as db:
+                    db.execute(stmt)
+        self._accs: dict[str, Accountant] = {}
+        self._pending: dict[str, list] = defaultdict(list)
+        self._counts: dict[str, list] = defaultdict(list)     # family -> released counts (diagnostic)
 
-    # ------------------------------------------------------------------ families
-    def register(self, query_id: int, family: str | None = None, retry_of: int | None = None) -> str:
-        """Record that ``query_id`` was issued; returns its family (a retry joins its original's)."""
-        if retry_of is not None and retry_of in self._issued:
-            fam = self._issued[retry_of]
-        else:
-            fam = DEFAULT_FAMILY if family is None else str(family)
-        self._issued[int(query_id)] = fam
-        self._families.setdefault(fam, _Family()).queries.append(int(query_id))
-        return fam
+    # ------------------------------------------------------------------ principals and queries
+    def new_principal(self) -> str:
+        """A fresh principal id, durable and never reused (also across restarts)."""
+        import time
 
-    def family_of(self, query_id: int) -> str | None:
-        return self._issued.get(query_id)
+        with self.store.transaction() as db:
+            n = db.execute("SELECT COUNT(*) FROM federation_principals WHERE federation=?", (self.name,)).fetchone()[0]
+            pid = f"p{n + 1}"
+            db.execute("INSERT INTO federation_principals VALUES (?, ?, ?)", (self.name, pid, time.time()))
+        return pid
 
-    # ------------------------------------------------------------------ estimator
-    def _bits_of(self, fam: _Family, release: Release | None) -> float:
-        events = list(fam.support_events)
-        exact = fam.exact_emitted
-        if release is not None:
-            for c in release.channels:
-                if not c.support:
-                    continue
-                if c.kind == "exact":
-                    exact += 1
-                elif c.kind == "dp":
-                    events.append(c.event)
-        if exact:
-            return math.inf
-        if not events:
-            return 0.0
-        acc = rdp.RdpAccountant()
-        for e in events:
-            acc.compose(e)
-        return float(acc.get_epsilon(self.delta)) / math.log(2.0)
+    def known_principal(self, principal: str) -> bool:
+        rows = self.store.read("SELECT 1 FROM federation_principals WHERE federation=? AND principal=?",
+                               (self.name, principal))
+        return bool(rows) or principal == ANONYMOUS
 
-    def leak_bits(self, family: str, release: Release | None = None) -> float:
-        """Support-leak estimate (bits) of ``family`` after emitting ``release`` (module docstring)."""
-        return self._bits_of(self._families.get(family, _Family()), release)
+    def register(self, principal, families, retries) -> list[int]:
+        """Issue durable, sequential query ids for one batch (one transaction). ``principal``:
+        one id for the whole batch, or a list with one per query."""
+        families, retries = list(families), list(retries)
+        pids = list(principal) if isinstance(principal, (list, tuple)) else [principal] * len(families)
+        ids = []
+        with self.store.transaction() as db:
+            row = db.execute("SELECT MAX(qid) FROM federation_queries WHERE federation=?", (self.name,)).fetchone()
+            nxt = 0 if row[0] is None else int(row[0]) + 1
+            for pid, fam, ret in zip(pids, families, retries):
+                db.execute("INSERT INTO federation_queries (federation, qid, principal, family, retry_of) "
+                           "VALUES (?, ?, ?, ?, ?)", (self.name, nxt, pid, fam, ret))
+                ids.append(nxt)
+                nxt += 1
+        return ids
+
+    def issued(self, query_id: int) -> bool:
+        return bool(self.store.read("SELECT 1 FROM federation_queries WHERE federation=? AND qid=?",
+                                    (self.name, int(query_id))))
+
+    # ------------------------------------------------------------------ accountants
+    def _acc(self, name: str) -> Accountant:
+        acc = self._accs.get(name)
+        if acc is None:
+            acc = Accountant(self.accountant.kind, store=self.store, name=name)
+            self._accs[name] = acc
+        return acc
+
+    def principal_accountant(self, principal: str) -> Accountant:
+        return self._acc(f"{self.accountant.name}/principal/{principal}")
+
+    def support_accountant(self, principal: str | None) -> Accountant:
+        """Support spend of one principal, or of all (``None``)."""
+        return self._acc(f"{self.accountant.name}/support/{'total' if principal is None else principal}")
+
+    def _caps(self, principal: str, plan: ReleasePlan):
+        """(accountant, events, cap, reason) of every budget a release of ``plan`` charges."""
+        ln2 = math.log(2.0)
+        ev, sup = plan.dp_events, plan.support_events
+        out = [(self.principal_accountant(principal), ev, (self.epsilon_budget, self.delta), "epsilon_budget"),
+               (self.accountant, ev, (self.total_epsilon_budget, self.delta), "epsilon_budget")]
+        if sup:
+            out += [(self.support_accountant(principal), sup, (self.support_budget_bits * ln2, self.delta),
+                     "support_budget"),
+                    (self.support_accountant(None), sup, (self.total_support_budget_bits * ln2, self.delta),
+                     "support_budget")]
+        return out
+
+    def support_bits(self, principal: str | None) -> float:
+        """Bits released so far through support channels by ``principal`` (``None``: everyone)."""
+        acc = self.support_accountant(principal)
+        return acc.spent(self.delta) / math.log(2.0) if acc.count else 0.0
+
+    def principal_spent(self, principal: str) -> float:
+        acc = self.principal_accountant(principal)
+        return acc.spent(self.delta) if acc.count else 0.0
+
+    # ------------------------------------------------------------------ decision
+    def decide(self, query_id: int, principal: str, family: str, retry_of: int | None,
+               plans: dict[str, ReleasePlan]) -> Decision:
+        """Admission of one query from public state only (module docstring). Reserves the
+        charges of an admitted query until :meth:`book` or :meth:`clear_pending`."""
+        reasons: list[str] = []
+        if retry_of is not None and not self.issued(retry_of):
+            return Decision(query_id, principal, family, retry_of, None, ("retry_unbooked",), math.nan)
+        for route in ROUTES:
+            plan = plans.get(route)
+            if plan is None:
+                continue
+            if self.enabled and not plan.bookable:
+                reasons.append("unbookable" if route == "primary" else "fallback:unbookable")
+                continue
+            ok = True
+            for acc, events, cap, why in self._caps(principal, plan):
+                if not acc.fits(self._pending[acc.name] + list(events), cap):
+                    reasons.append(why if route == "primary" else f"fallback:{why}")
+                    ok = False
+                    break
+            if not ok:
+                continue
+            for acc, events, _, _ in self._caps(principal, plan):
+                self._pending[acc.name] += list(events)
+            return Decision(query_id, principal, family, retry_of, route, tuple(reasons), math.nan)
+        return Decision(query_id, principal, family, retry_of, None, tuple(reasons), math.nan)
+
+    def clear_pending(self) -> None:
+        self._pending.clear()
+
+    def book(self, decision: Decision, plan: ReleasePlan, label: str):
+        """Charge every budget of an admitted release in one transaction; returns the bookings.
+
+        Raises :class:`~fedmem.errors.BudgetExceeded` (nothing written) if a concurrent
+        writer spent the budget since :meth:`decide`.
+        """
+        if not decision.admitted:
+            raise ValueError(f"decision must be an admission. Found reasons {decision.reasons!r}.")
+        entries = []
+        for acc, _, cap, why in self._caps(decision.principal, plan):
+            ev = plan.support_event() if why == "support_budget" else plan.event()
+            if ev is not None:
+                entries.append((acc, ev, cap))
+        return book_together(entries, label)
+
+    def leak_bits(self, principal: str) -> float:
+        return self.support_bits(principal)
+
+    # ------------------------------------------------------------------ diagnostics
+    def record_count(self, family: str, count) -> None:
+        if count is not None:
+            self._counts[family].append(float(count))
 
     def empirical_bits(self, family: str) -> float:
         """Diagnostic: plug-in entropy (bits) of the released counts across ``family`` (rounded)."""
-        counts = self._families.get(family, _Family()).counts
+        counts = self._counts.get(family, [])
         if not counts:
             return 0.0
         freq = np.array(list(Counter(int(round(c)) for c in counts).values()), dtype=np.float64)
         p = freq / freq.sum()
         return float(-(p * np.log2(p)).sum())
-
-    # ------------------------------------------------------------------ decision
-    def assess(self, release: Release, query_id: int, family: str, retry_of: int | None = None) -> Assessment:
-        """Run the three checks on a candidate release (nothing is booked or emitted)."""
-        if not isinstance(release, Release):
-            raise TypeError(f"release must be a Release. Found {type(release).__name__}.")
-        reasons, msgs = [], []
-        bits = self.leak_bits(family, release)
-        if bits > self.support_budget_bits:
-            exact = release.exact_channels
-            reasons.append("support_leak")
-            msgs.append(f"support leak {bits:.3f} bits exceeds budget {self.support_budget_bits:.3f} bits"
-                        + (f" (exact support channels: {', '.join(exact)})" if exact else ""))
-        gap = abs(release.realized_n - release.calibrated_n)
-        if gap > self.tolerance:
-            reasons.append("calibration_mismatch")
-            msgs.append(f"calibrated_n={release.calibrated_n:g} but realized n={release.realized_n}; "
-                        f"DP scale is invalid for this query (tolerance {self.tolerance})")
-        if retry_of is not None and retry_of not in self._issued:
-            reasons.append("retry_unbooked")
-            msgs.append(f"retry of query {retry_of} which this gateway never issued: its composition "
-                        "cannot be booked")
-        return Assessment(int(query_id), family, tuple(reasons), tuple(msgs), bits)
-
-    def _record_emitted(self, family: str, channels, count) -> None:
-        fam = self._families.setdefault(family, _Family())
-        for c in channels:
-            if not c.support:
-                continue
-            if c.kind == "dp":
-                fam.support_events.append(c.event)
-            elif c.kind == "exact":
-                fam.exact_emitted += 1
-        if count is not None:
-            fam.counts.append(float(count))
-
-    def admit(self, release: Release, assessment: Assessment, label: str):
-        """Book every DP channel (before anything leaves) and record the support emission."""
-        if not assessment.admitted:
-            raise ValueError(f"assessment must be an admission. Found reasons {assessment.reasons!r}.")
-        booking = book_release(self.accountant, release, label)
-        self._record_emitted(assessment.family, release.channels, release.count)
-        return booking
-
-    def record_ungated(self, release: Release, family: str, label: str):
-        """Gateway disabled: book the DP channels and record (unbooked) exact ones for the family."""
-        booking = book_release(self.accountant, release, label)
-        self._record_emitted(family, release.channels, release.count)
-        return booking
-
-    def reject(self, assessment: Assessment, emitted=(), label: str = "") -> SupportPrivacyViolation:
-        """Drop the release; book only channels already ``emitted``; return the exception to raise."""
-        booked = []
-        dp = [c for c in emitted if c.kind == "dp"]
-        if dp:
-            import dp_accounting
-
-            ev = dp[0].event if len(dp) == 1 else dp_accounting.ComposedDpEvent([c.event for c in dp])
-            booked.append(self.accountant.book(ev, label=f"{label} (rejected, already emitted)"))
-        self._record_emitted(assessment.family, emitted, None)
-        msg = "no memory available for this query: " + "; ".join(assessment.messages)
-        return SupportPrivacyViolation(msg, reasons=assessment.reasons, booked=tuple(booked))

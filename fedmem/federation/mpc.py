@@ -665,8 +665,9 @@ class CryptenParties:
     def _start(self):
         import ray
 
-        if not ray.is_initialized():
-            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        from fedmem._ray import ensure_ray
+
+        ensure_ray()
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_CryptenParty)
         rdv = f"tcp://127.0.0.1:{_free_port()}"
         n = self.n_parties

@@ -1,0 +1,278 @@
+"""Attacks on everything a querying agent can observe (fedmem's threat model).
+
+The threat model (``docs/federation.md``): a querying agent sees every field of a
+:class:`~fedmem.federation.engine.Response`, every exception (type, text, attributes,
+length), and whether and when an answer arrives. Each of these must be booked or
+independent of the private data. The attacks here read exactly those things through
+the public client API (:meth:`Federation.connect` -> ``MemoryClient``); nothing else.
+
+Every attack is a membership game in the DP sense: the adversary knows the neighbouring
+datasets (with and without one target record; it may search them offline) and must tell
+which one the federation holds. An attack turns one *trial* (one or a few queries and
+what came back) into a score; :func:`fedmem.attacks.support.membership_report` turns
+the scores of both worlds into AUC (+CI), TPR at 1% FPR and a Clopper-Pearson epsilon
+lower bound, which :func:`verdict` compares with the epsilon booked for what the
+adversary saw in one trial (:func:`booked_epsilon`).
+
+Attacks (names as in the reports):
+
+* ``refusal_content``: the observation *category* — refusal type, text, attributes,
+  text length; or for an answer, its selection and channel names — compared with the
+  categories the adversary sees on the neighbour it knows (a reference run). A
+  data-dependent refusal text (e.g. one naming the realized count) separates the worlds.
+* ``admission_oracle``: the adversary searches offline (:func:`search_boundary_query`)
+  for a query whose selected count, with and without the target, straddles an admission
+  boundary a data-dependent gateway might use (``|n - n_bound| <= tolerance``), then
+  reads only "answered or refused".
+* ``timing``: the wall time of one query, asked alternately in both worlds (interleaved,
+  so machine drift hits both alike).
+* ``retry_averaging``: ``r`` silent re-asks of one query by one principal, values averaged.
+* ``near_duplicate``: ``r`` slightly perturbed copies of the query, values averaged.
+* ``principal_spreading`` (a budget check, not a membership game,
+  :func:`spreading_report`): a Sybil connects many principals and spreads queries over
+  them; what its answers reveal through support channels (composed bits) is compared
+  with the federation's total support budget.
+
+The older support attacks (receipt differencing, value/noise-scale, cardinality
+reconstruction) are in :mod:`fedmem.attacks.support`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from fedmem import _validate as V
+
+OBSERVABLE_ATTACKS = ("refusal_content", "admission_oracle", "timing", "retry_averaging", "near_duplicate")
+
+
+# ------------------------------------------------------------------ observations
+@dataclass(frozen=True)
+class Observation:
+    """What one query gave the adversary: the response, or the refusal, and the time it took."""
+
+    response: object | None          # Response when answered
+    refusal: BaseException | None    # the exception when refused
+    latency_s: float
+
+    @property
+    def answered(self) -> bool:
+        return self.response is not None
+
+
+def fingerprint(obs: Observation) -> str:
+    """The observation's category: everything but the noised numbers.
+
+    Refusals: exception type, text, text length and every attribute except the public
+    sequential ``query_id``. Answers: "answered", the selection and the channel names.
+    """
+    if obs.response is None:
+        exc = obs.refusal
+        attrs = {k: v for k, v in sorted(vars(exc).items()) if k != "query_id"} if exc is not None else {}
+        text = str(exc)
+        return f"refused|{type(exc).__name__}|{len(text)}|{text}|{attrs!r}"
+    r = obs.response
+    return f"answered|{getattr(r, 'selection', '')}|{','.join(getattr(r, 'channels', ()))}"
+
+
+def observe_batch(client, qs, families=None) -> list[Observation]:
+    """Ask a batch through ``client.retrieve_many``; latency is the batch time per query."""
+    t0 = time.perf_counter()
+    got = client.retrieve_many(qs, families)
+    dt = (time.perf_counter() - t0) / max(1, len(got))
+    return [Observation(None, r, dt) if isinstance(r, BaseException) else Observation(r, None, dt) for r in got]
+
+
+def observe_one(client, q) -> Observation:
+    """Ask one query through ``client.retrieve`` and time it (perf_counter)."""
+    from fedmem.errors import FedmemError
+
+    t0 = time.perf_counter()
+    try:
+        r = client.retrieve(q)
+        return Observation(r, None, time.perf_counter() - t0)
+    except FedmemError as exc:
+        return Observation(None, exc, time.perf_counter() - t0)
+
+
+def booked_epsilon(observations: Sequence[Observation], delta: float, kind: str = "rdp") -> float:
+    """Epsilon (at ``delta``) booked for the answers the adversary saw in one trial.
+
+    The composition (dp-accounting, through a throw-away :class:`~fedmem.dp.Accountant`)
+    of the DP events the responses carry. Refusals book nothing. An answer whose event
+    is unknown (``event=None`` while it carries a ``"value"`` channel) counts as infinite.
+    """
+    from fedmem.dp import Accountant
+    from fedmem.dp.accountant import event_from_dict
+
+    events = []
+    for o in observations:
+        if o.response is None:
+            continue
+        ev = getattr(o.response, "event", None)
+        if ev is None:
+            if "value" in getattr(o.response, "channels", ("value",)):
+                return math.inf
+            continue
+        events.append(event_from_dict(ev))
+    if not events:
+        return 0.0
+    acc = Accountant(kind)
+    for e in events:
+        acc.book(e)
+    return acc.spent(delta)
+
+
+# ------------------------------------------------------------------ scores
+def category_score(obs: Observation, reference: set[str]) -> float:
+    """``refusal_content``: 1 if the observation's category never occurred on the known neighbour."""
+    return 0.0 if fingerprint(obs) in reference else 1.0
+
+
+def answered_score(obs: Observation) -> float:
+    """``admission_oracle``: 1 if answered, 0 if refused."""
+    return 1.0 if obs.answered else 0.0
+
+
+def latency_score(obs: Observation) -> float:
+    """``timing``: the wall time of the query, in seconds."""
+    return float(obs.latency_s)
+
+
+def averaged_value_score(observations: Sequence[Observation], target_value) -> float:
+    """``retry_averaging`` / ``near_duplicate``: projection of the mean of the answered values
+    on the target's value (``<mean r, v> / ||v||``); -1e6 when nothing was answered."""
+    from fedmem.attacks.support import REJECTED_SCORE, value_score
+
+    vals = [np.asarray(o.response.value, dtype=np.float64) for o in observations if o.answered]
+    if not vals:
+        return REJECTED_SCORE
+
+    class _R:
+        value = np.mean(np.stack(vals), axis=0)
+
+    return value_score(_R, target_value)
+
+
+def near_duplicates(q, r: int, radius: float, rng: np.random.Generator) -> np.ndarray:
+    """``r`` unit vectors at angle about ``radius`` (radians) from ``q``: "different" queries
+    that select the same records."""
+    q = V.finite_array("q", q, ndim=1)
+    r = V.positive_int("r", r)
+    radius = V.nonnegative("radius", radius)
+    V.rng_check("rng", rng)
+    q = q / np.linalg.norm(q)
+    z = rng.standard_normal((r, q.size))
+    z -= (z @ q)[:, None] * q[None]
+    z /= np.linalg.norm(z, axis=1, keepdims=True)
+    out = math.cos(radius) * q[None] + math.sin(radius) * z
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+# ------------------------------------------------------------------ offline boundary search
+def search_boundary_query(count_without: Callable[[np.ndarray], int], count_with: Callable[[np.ndarray], int],
+                          key, boundary: Callable[[int, int], bool], rng: np.random.Generator, *,
+                          tries: int = 400, max_angle: float = 1.2) -> tuple[np.ndarray, int, int, bool]:
+    """The adversary's offline search for an admission-oracle query (it knows both datasets).
+
+    Samples queries around ``key`` (random tangent directions, angles up to
+    ``max_angle``) and returns the first whose counts ``(n_without, n_with)`` satisfy
+    ``boundary`` — the admission rule a data-dependent gateway would apply would flip
+    between the worlds — else the query whose counts differ and whose ``n_without`` is
+    closest to flipping. Returns ``(q, n_without, n_with, found)``.
+    """
+    key = V.finite_array("key", key, ndim=1)
+    key = key / np.linalg.norm(key)
+    tries = V.positive_int("tries", tries)
+    V.rng_check("rng", rng)
+    best, best_gap = key, math.inf
+    best_counts = (count_without(key), count_with(key))
+    for i in range(tries):
+        ang = max_angle * (i + 1) / tries
+        q = near_duplicates(key, 1, ang * rng.uniform(0.5, 1.0), rng)[0]
+        a, b = count_without(q), count_with(q)
+        if a == b:
+            continue
+        if boundary(a, b):
+            return q, a, b, True
+        gap = abs(a - b)
+        if gap < best_gap:
+            best, best_gap, best_counts = q, gap, (a, b)
+    return best, best_counts[0], best_counts[1], False
+
+
+def tolerance_boundary(n_bound: int, tolerance: int) -> Callable[[int, int], bool]:
+    """The rule of a data-dependent calibration check: admitted iff ``|n - n_bound| <= tolerance``.
+    The boundary is crossed when the two worlds' counts fall on different sides."""
+    def crossed(a: int, b: int) -> bool:
+        return (abs(a - n_bound) <= tolerance) != (abs(b - n_bound) <= tolerance)
+    return crossed
+
+
+# ------------------------------------------------------------------ verdicts
+LEAKS = "LEAKS BEYOND BOOKED"
+WITHIN = "within booked"
+
+
+def verdict(eps_lower: float, eps_booked: float, ceiling_violations: int = 0) -> str:
+    """``"within booked"`` or ``"LEAKS BEYOND BOOKED"``: an empirical lower bound above the
+    epsilon booked for what the adversary saw (with nothing booked: any positive bound), or
+    ROC points provably above the DP ceiling of the booked epsilon."""
+    if eps_lower > eps_booked + 1e-12 or ceiling_violations > 0:
+        return LEAKS
+    return WITHIN
+
+
+@dataclass(frozen=True)
+class SpreadingReport:
+    principals: int
+    queries: int
+    answered: int
+    support_bits_seen: float       # composed support bits of the answers the adversary got
+    total_support_budget_bits: float
+    epsilon_seen: float            # composed epsilon of every answer the adversary got
+    total_epsilon_budget: float
+    verdict: str
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def spreading_report(observations: Sequence[Observation], principals: int, delta: float,
+                     total_support_budget_bits: float, total_epsilon_budget: float,
+                     kind: str = "rdp") -> SpreadingReport:
+    """Composed support bits and epsilon of everything a Sybil adversary got across its principals.
+
+    The support part of each answer's event is the receipts' event (``receipts`` channel
+    booked as DP); the bits are its composed epsilon at ``delta`` over ln 2. A federation
+    whose budgets are keyed by something the caller controls lets the adversary exceed
+    the total budget: verdict ``"EXCEEDS TOTAL BUDGET"``.
+    """
+    sup_obs = []
+    for o in observations:
+        if not o.answered:
+            continue
+        ev = getattr(o.response, "event", None)
+        if ev is None:
+            continue
+        parts = ev["events"] if ev.get("type") == "composed" else [ev]
+        # the value event comes first; the rest are support events (aggregator.plan order)
+        if len(parts) > 1:
+            sup_obs.append(Observation(_EventOnly(parts[1:]), None, 0.0))
+    bits = booked_epsilon(sup_obs, delta, kind) / math.log(2.0) if sup_obs else 0.0
+    eps = booked_epsilon(observations, delta, kind)
+    answered = sum(o.answered for o in observations)
+    over = bits > total_support_budget_bits + 1e-9 or eps > total_epsilon_budget + 1e-9
+    return SpreadingReport(principals, len(observations), answered, bits, float(total_support_budget_bits), eps,
+                           float(total_epsilon_budget), "EXCEEDS TOTAL BUDGET" if over else "within total budget")
+
+
+class _EventOnly:
+    def __init__(self, parts):
+        self.event = parts[0] if len(parts) == 1 else {"type": "composed", "events": list(parts)}
+        self.channels = ("support",)

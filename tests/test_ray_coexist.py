@@ -1,0 +1,81 @@
+"""A local fedmem run starts its own private Ray, beside a `ray start` cluster on the machine.
+
+Before: `ray.init(num_cpus=2)` found the running cluster and failed with "When connecting
+to an existing cluster, num_cpus and num_gpus must not be provided". The test starts a
+real head node with `ray start` (its own temp dir), runs `fedmem run` in a subprocess,
+and stops only the processes it started, by PID (never `ray stop`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["federation.shards=8", "federation.records_per_shard=10", "federation.key_dim=8", "federation.value_dim=4",
+         "federation.n_bound=8", "federation.hosts=1", 'federation.mpc="plaintext"', "data.clusters=3",
+         "attack.queries=4", 'attack.attacks=["reconstruction"]', "ray.num_cpus=1"]
+
+
+def _kill_started(marker: str) -> None:
+    """SIGKILL every process whose command line names our cluster's temp dir (only ours)."""
+    import signal
+
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and int(d.name) != os.getpid():
+            try:
+                os.kill(int(d.name), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def test_local_options_come_from_the_machine_and_the_scenario():
+    from fedmem._ray import local_options
+
+    o = local_options()
+    assert o["address"] == "local" and o["num_cpus"] == (os.cpu_count() or 1) and "object_store_memory" not in o
+    o = local_options(3, 256)
+    assert o["num_cpus"] == 3 and o["object_store_memory"] == 256 * 1024 * 1024
+    with pytest.raises(ValueError, match="num_cpus must be a non-negative integer"):
+        local_options(-1)
+
+
+@pytest.mark.slow
+def test_fedmem_run_beside_a_running_ray_cluster(tmp_path):
+    """A real `ray start` head in Ray's default temp dir, so that a plain `ray.init()` finds it
+    (the situation of the bug). The old call is shown to fail there, fedmem's run to work."""
+    ray_bin = Path(sys.executable).with_name("ray")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    marker = address = None
+    try:
+        start = subprocess.run([str(ray_bin), "start", "--head", "--port=0", "--num-cpus=1",
+                                "--include-dashboard=false", "--disable-usage-stats"],
+                               env=env, capture_output=True, text=True, timeout=120)
+        assert start.returncode == 0, start.stderr[-2000:]
+        marker = os.path.basename(os.readlink("/tmp/ray/session_latest"))   # our session's name
+        address = Path("/tmp/ray/ray_current_cluster").read_text().strip()
+        old = subprocess.run([sys.executable, "-c", "import ray; ray.init(num_cpus=2, include_dashboard=False)"],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert old.returncode != 0 and "num_cpus and num_gpus must not be provided" in old.stderr
+        cmd = [sys.executable, "-m", "fedmem.cli", "run", str(ROOT / "scenarios" / "support_leak_40_gateway.toml"),
+               "--json", "--out", str(tmp_path / "out"), *[x for s in SMALL for x in ("--set", s)]]
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert '"verdict"' in run.stdout
+        assert Path("/tmp/ray/ray_current_cluster").read_text().strip() == address   # the cluster is untouched
+    finally:
+        if marker:
+            _kill_started(marker)
+        cur = Path("/tmp/ray/ray_current_cluster")
+        if address and cur.exists() and cur.read_text().strip() == address:
+            cur.unlink()     # what `ray stop` would remove, for our cluster only
