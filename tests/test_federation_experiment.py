@@ -47,11 +47,27 @@ def test_invalid_scenario_reports_every_problem_with_exit_code_2(tmp_path, capsy
     assert "Traceback" not in err
     bad2 = tmp_path / "bad2.toml"
     bad2.write_text('kind = "federation.support_leak"\n[federation]\nshards = 4\nk_local = 5\nselection = "topk"\n'
-                    'k = 500\nrecords_per_shard = 3\nhosts = 9\ncalibration = "global"\ngateway = false\n')
+                    'k = 500\nrecords_per_shard = 3\nhosts = 9\ncalibration = "global"\ngateway = false\n' + REQUIRED)
     assert cli.main(["run", str(bad2)]) == 2
     err = capsys.readouterr().err
     for needle in ("federation.k:", "federation.k_local", "federation.hosts", "federation.n_bound"):
         assert needle in err, needle
+
+
+REQUIRED = ('receipts = "expose"\non_reject = "raise"\nepsilon_budget = inf\ntotal_epsilon_budget = inf\n'
+            'support_budget_bits = inf\ntotal_support_budget_bits = inf\n')
+
+
+def test_truncated_scenario_never_runs_on_security_defaults(tmp_path, capsys):
+    """Removing security keys from a scenario is an error naming each of them, not a silent default."""
+    text = (SCEN / "support_leak_40_gateway.toml").read_text()
+    cut = tmp_path / "cut.toml"
+    cut.write_text("\n".join(line for line in text.splitlines()
+                             if not line.startswith(("gateway", "receipts", "epsilon_budget", "calibration"))))
+    assert cli.main(["run", str(cut), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    for key in ("federation.gateway", "federation.receipts", "federation.epsilon_budget", "federation.calibration"):
+        assert f"{key}: missing required key" in err, key
 
 
 def test_shipped_scenarios_validate():

@@ -52,7 +52,8 @@ FEDERATION_SCHEMA = {
     "value_dim": Param(int, 128, "value vector dimension (the released aggregate)", check=positive),
     "clip": Param(float, 1.0, "value vectors are clipped to this L2 norm C", check=positive),
     "k_local": Param(int, 5, "k': candidates each shard sends, padded to exactly k'", check=positive),
-    "selection": Param(str, "topk", "global selection rule", choices=("topk", "threshold", "broadcast")),
+    "selection": Param(str, help="global selection rule (required: it decides the support)",
+                       choices=("topk", "threshold", "broadcast")),
     "k": Param(int, 5, "global k of topk selection", check=positive),
     "threshold": Param(float, 0.5, "score threshold of threshold selection (cosine)"),
     "parties": Param(int, 2, "MPC compute parties (2 or 3)", choices=(2, 3)),
@@ -61,23 +62,24 @@ FEDERATION_SCHEMA = {
     "noise": Param(str, "gaussian", "central DP noise on the aggregate", choices=("gaussian", "laplace")),
     "sigma": Param(float, 1.2, "noise multiplier (noise std = sigma * sensitivity)", check=positive),
     "delta": Param(float, 1e-6, "delta of the accountant and of every Gaussian release", check=open_unit),
-    "calibration": Param(str, "realized", "realized: noise calibrated to the denominator applied; global: noise "
+    "calibration": Param(str, help="required. realized: noise calibrated to the denominator applied; global: noise "
                          "sized for n_bound (papers/003's flawed practice; refused with the gateway on and a "
                          "data-dependent count)", choices=("global", "realized")),
     "n_bound": Param(int, 40, "contributor count assumed by global calibration", check=positive),
-    "receipts": Param(str, "suppress", "receipt (per-shard tally) policy",
+    "receipts": Param(str, help="receipt (per-shard tally) policy (required)",
                       choices=("expose", "suppress", "noised", "broadcast")),
     "receipt_sigma": Param(float, 1.0, "noise multiplier of noised tallies", check=positive),
-    "gateway": Param(bool, True, "run the support-leak gateway (papers/003 Decision Boundary); false = undefended"),
-    "on_reject": Param(str, "raise", "gateway: refuse, or answer by the support-safe broadcast when the primary "
+    "gateway": Param(bool, help="required: run the support-leak gateway (papers/003 Decision Boundary); false = "
+                     "undefended"),
+    "on_reject": Param(str, help="required. gateway: refuse, or answer by the support-safe broadcast when the primary "
                        "release cannot be admitted", choices=("raise", "rerun_broadcast")),
-    "support_budget_bits": Param(float, 1.0, "support-channel bits allowed per principal (inf disables)",
+    "support_budget_bits": Param(float, help="required: support-channel bits allowed per principal (inf disables)",
                                  check=positive, allow_inf=True),
-    "total_support_budget_bits": Param(float, 4.0, "support-channel bits allowed over all principals (inf "
+    "total_support_budget_bits": Param(float, help="required: support-channel bits allowed over all principals (inf "
                                        "disables)", check=positive, allow_inf=True),
-    "epsilon_budget": Param(float, 10.0, "epsilon (at delta) allowed per principal (inf disables)",
+    "epsilon_budget": Param(float, help="required: epsilon (at delta) allowed per principal (inf disables)",
                             check=positive, allow_inf=True),
-    "total_epsilon_budget": Param(float, 100.0, "epsilon (at delta) allowed over all principals (inf disables)",
+    "total_epsilon_budget": Param(float, help="required: epsilon (at delta) allowed over all principals (inf disables)",
                                   check=positive, allow_inf=True),
     "max_batch": Param(int, 1024, "most queries per retrieve_many call", check=positive),
     "sampling": Param(str, "fast", "noise sampler", choices=("fast", "secure")),
