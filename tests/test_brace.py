@@ -282,7 +282,7 @@ def test_synthetic_scenario_runs_small(tmp_path):
     from fedmem.cli import run_scenario
 
     payload, result, _ = run_scenario("scenarios/brace_synthetic.toml",
-                                      ["repetitions=20", "query.sweep_points=3"], out=tmp_path, as_json=True)
+                                      ["repetitions=20", "query.sweep_points=3", "sweep_repetitions=20", "bootstrap=20"], out=tmp_path, as_json=True)
     m = payload["metrics"]
     assert m["gamma"] == pytest.approx(gamma_max(128.0, 1e-5, 5, 2))
     assert m["sweep_final_error"]["brace"] < m["sweep_final_error"]["global"]
@@ -447,3 +447,52 @@ def test_secure_grid_validation():
                     NoiseSource(rng=np.random.default_rng(1), sampling="secure", grid=2.0 ** -10)).Y
     inside = np.linalg.norm(out, axis=2) < 2 * p.r * (1 - 1e-9)
     assert np.all((out[inside] / 2.0 ** -10) == np.round(out[inside] / 2.0 ** -10))
+
+
+# ------------------------------------------------------------------ issue 14: tighter certificate, paper gamma
+def test_propagation_bound_is_strictly_tighter_where_annulus_bound_was_2r():
+    """On the synthetic Sec. 6.1 bank, step 2 of BRACE: the pre-issue-14 annulus bound gives
+    A^(0) = 2r; the clean-trajectory propagation bound is strictly below it (and the
+    combined certificate is never above the old one)."""
+    from fedmem.agent.brace.certificate import Certifier
+    from fedmem.agent.brace.experiment import make_mixture
+
+    X = make_mixture(256, 0.3, [0.5, 0.2], 0.2, np.random.default_rng(20261006))
+    p = BraceParams(r=0.8, T=5, epsilon=128.0, delta=1e-5, d=2, kappa=0.003)
+    q = np.repeat(np.array([[-0.25, 0.25]]), 40, axis=0)
+    run = brace_run(X, q, p, NoiseSource(normals=np.random.default_rng(1).standard_normal((40, 5, 2))))
+    ys = np.concatenate([q[:, None], run.Y], axis=1)
+    certs = {b: Certifier(X, q, p, keep_terms=True, bound=b) for b in ("annulus", "propagation", "both")}
+    tighter = 0
+    for t in range(1, 3):
+        a, m, sq = phi(X, ys[:, t - 1], p.r)
+        out = {b: c.step(t, ys[:, t - 1], sq, m, a)[0] for b, c in certs.items()}
+        assert np.all(out["both"] <= out["annulus"] * (1 + 1e-12))
+        old0, new0 = certs["annulus"].last_terms[:, 0], certs["both"].last_terms[:, 0]
+        was_2r = old0 >= 2 * p.r
+        tighter += int(np.sum(was_2r & (new0 < 0.5 * 2 * p.r)))
+    assert tighter >= 20
+
+
+def test_paper_gamma_mode_is_labelled_and_never_booked():
+    p = BraceParams(r=1.0, T=3, epsilon=16.0, delta=1e-5, d=2, gamma_mode="paper_0.25")
+    assert p.gamma == 0.25 and not p.dp_guarantee and "not a DP guarantee" in p.label
+    with pytest.raises(ValueError, match="not a DP guarantee"):
+        p.event()
+    with pytest.raises(ValueError, match="gamma_mode must be 'eq8'.*paper_0.25"):
+        BraceMemory(np.zeros((5, 2)), p, Accountant("rdp"), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="gamma_mode must be one of.*'paper'"):
+        BraceParams(r=1.0, T=3, epsilon=16.0, delta=1e-5, d=2, gamma_mode="paper")
+    assert BraceParams(r=1.0, T=3, epsilon=16.0, delta=1e-5, d=2).dp_guarantee
+
+
+def test_synthetic_paper_gamma_scenario_is_labelled(tmp_path):
+    from fedmem.cli import run_scenario
+
+    payload, _, _ = run_scenario("scenarios/brace_synthetic_paper_gamma.toml",
+                                 ["repetitions=20", "query.sweep_points=2", "sweep_repetitions=5", "bootstrap=20"],
+                                 out=tmp_path, as_json=True)
+    m = payload["metrics"]
+    assert m["paper_gamma_label"] == "violates Eq. (8): not a DP guarantee" and m["paper_gamma"] == 0.25
+    assert "BRACE paper-gamma" in m["per_step_error"]
+    assert "not a DP guarantee" in (tmp_path / "report.md").read_text()

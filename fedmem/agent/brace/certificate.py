@@ -62,6 +62,28 @@ sensitivity on activated steps; this bound can be larger (it is what makes it al
 computable in ``O(T K n log n)``). Where it is less conservative: the count branch asks
 for non-activation at step ``t`` only, not at all ``s <= t`` as Step 5 states; this is
 still valid because ``Q_t`` depends on ``H_t`` alone for a fixed history.
+
+Clean-trajectory propagation (issue 14; a sound bound in place of CorrectedCountSearch)
+---------------------------------------------------------------------------------------
+``psi_s(i) >= sup {LS of z_s at B : d_H(D, B) <= i}`` and ``R_s(j) = sum_{i<j} psi_s(i)
+>= sup ||z_s(B) - z_s(D)||`` (path argument), with ``psi_0 = R_0 = 0``. Around the private
+centre ``c = z_{s-1}(D)`` with ``omega = R_{s-1}(i+1)``: ``core`` = records within
+``r - omega`` (in every gate), ``outer`` = records within ``r + omega``; with
+``kt = core - (i+1)`` (core records no replacement touched) the two gates share ``>= kt``
+records and each has ``<= outer`` members, so by the total-variation coupling of their
+uniform laws ``||Phi_B(c1) - Phi_B'(c2)|| <= (2r + psi_{s-1}(i)) (1 - kt / outer)``
+(``2r + psi_{s-1}(i)`` when ``kt < 1``), capped at ``2 s r``. Monotonicity
+``psi_s(i)(D) <= psi_s(i+1)(D')`` and ``R_s(j)(D) + ||z_s(D) - z_s(D')|| <= R_s(j+1)(D')``
+follow by induction (the width at ``D'`` covers the width at ``D`` plus the centre shift, so
+``core`` can only shrink and ``kt / outer`` only fall). Then, with ``c_k = 2r/max(1, m_t - k)``
+and ``csum`` the Eq. (4) path sum at the public ``y_{t-1}``:
+activation excluded for all of ``N_{k+1}(D)`` if ``||R_t(D)|| + R_t(k+1) + csum(k+1) <= tau``
+(``A^(k) = c_k``), certain if ``||R_t(D)|| - R_t(k+1) - csum(k+1) > tau``
+(``A^(k) = min{2r, psi_t(k)}``), else ``A^(k) = min{2r, max(c_k, psi_t(k) + tau)}``.
+The certificate uses ``min`` of this and the annulus bound above (both sound, both
+monotone, so the minimum is too); ``Certifier(bound="annulus")`` is the pre-issue-14 bound.
+It is not App. B's exact branch enumeration: on activated steps it stays loose (it
+compounds over steps and reaches ``2r`` by step 3-4 on the Sec. 6.1 bank).
 """
 
 from __future__ import annotations
@@ -70,9 +92,11 @@ import math
 
 import numpy as np
 
+from fedmem.agent.brace.lsr import sq_dists
 from fedmem.agent.brace.params import BraceParams
 
 CERTIFICATES = ("brace", "raw_count")
+BOUNDS = ("both", "propagation", "annulus")   # "annulus" = the pre-issue-14 bound alone
 
 
 def activation_impossible(params: BraceParams) -> bool:
@@ -163,9 +187,12 @@ class Certifier:
     """
 
     def __init__(self, X: np.ndarray, q: np.ndarray, params: BraceParams, mode: str = "brace",
-                 keep_terms: bool = False, block: int = 128):
+                 keep_terms: bool = False, block: int = 128, bound: str = "both"):
         if mode not in CERTIFICATES:
             raise ValueError(f"certificate must be one of {CERTIFICATES}. Found {mode!r}.")
+        if bound not in BOUNDS:
+            raise ValueError(f"bound must be one of {BOUNDS}. Found {bound!r}.")
+        self.bound = bound
         self.X = X
         self.n = X.shape[0]
         self.q = np.atleast_2d(q)
@@ -178,6 +205,11 @@ class Certifier:
         self._ys: list[np.ndarray] = []  # released y_1, y_2, ...
         self.keep_terms = keep_terms
         self.last_terms: np.ndarray | None = None  # A^(k), k = 0..K, of the last step
+        # clean-trajectory propagation: z_s(D), psi_s(i) (i = 0..K+1), R_s(j) (j = 0..K+2)
+        B = self.q.shape[0]
+        self._zc = self.q.astype(np.float64).copy()
+        self._psi = np.zeros((B, self.K + 2))
+        self._R = np.zeros((B, self.K + 3))
 
     def _w(self, j: np.ndarray) -> np.ndarray:
         """``W_{t-1}(j)`` for the distances ``j`` (recursion over the stored steps)."""
@@ -196,6 +228,45 @@ class Certifier:
             W = np.minimum(trivial, G + a_hat)
         return W
 
+    def _clean_step(self, s: int) -> None:
+        """Advance the clean-trajectory sensitivity recursion to step ``s`` (see the module
+        docstring, "clean-trajectory propagation"): ``psi_s(i)``, ``R_s(j)`` and ``z_s(D)``."""
+        r = self.p.r
+        c = self._zc
+        sq = sq_dists(self.X, c)
+        sr = SortedRows(np.sqrt(sq))
+        L = self.K + 2                                   # i = 0..K+1 (R_t(k+1) needs psi_t(0..K))
+        omega = self._R[:, 1:L + 1]                      # R_{s-1}(i+1)
+        tol = 1e-9 * max(r, 1.0)
+        core = sr.count_le(r - omega - tol, -1).astype(np.float64)
+        outer = sr.count_le(r + omega + tol, +1).astype(np.float64)
+        kt = core - (np.arange(L)[None, :] + 1.0)        # core records no replacement touched
+        delta = 2 * r + self._psi[:, :L]                 # diameter of the two gates' union
+        f = np.where(kt >= 1, delta * (1.0 - kt / np.maximum(outer, 1.0)), delta)
+        psi = np.minimum(f, 2 * s * r)
+        self._psi = psi
+        self._R = np.concatenate([np.zeros((psi.shape[0], 1)), np.cumsum(psi, axis=1)], axis=1)
+        mask = sq <= r * r
+        cnt = mask.sum(1)
+        self._zc = np.where(cnt[:, None] > 0, (mask.astype(np.float64) @ self.X) / np.maximum(cnt, 1)[:, None], c)
+
+    def _propagation_terms(self, k: np.ndarray, m: np.ndarray, a: np.ndarray):
+        """``(A^(k), activation excluded)`` of the clean-trajectory propagation bound for the
+        distances ``k``."""
+        r, tau = self.p.r, self.p.threshold
+        B = m.shape[0]
+        psi_k = self._psi[:, k]
+        Rk1 = self._R[:, k + 1]
+        i = np.arange(int(k.max()) + 1)[None, :]
+        csum = np.concatenate([np.zeros((B, 1)), np.cumsum(2 * r / np.maximum(1.0, m[:, None] - i), axis=1)],
+                              axis=1)[:, k + 1]
+        c = 2 * r / np.maximum(1.0, m[:, None] - k[None, :])
+        Rn = np.linalg.norm(self._zc - a, axis=1)[:, None]       # ||R_t(D)||
+        excluded = Rn + Rk1 + csum <= tau
+        certain = Rn - Rk1 - csum > tau
+        mixed = np.minimum(2 * r, np.maximum(c, psi_k + tau))
+        return np.where(excluded, c, np.where(certain, np.minimum(2 * r, psi_k), mixed)), excluded
+
     def step(self, t: int, y_prev: np.ndarray, sq: np.ndarray, m: np.ndarray, a: np.ndarray):
         """Certificate for step ``t``. Returns ``(delta_bar (B,), uncertain (B,))``.
 
@@ -212,6 +283,8 @@ class Certifier:
             return np.maximum(floor, S), np.zeros(m.shape[0], dtype=bool)
         if t >= 2:
             self._ys.append(y_prev)
+        if self.bound in ("both", "propagation"):
+            self._clean_step(t)
         sorted_d = SortedRows(np.sqrt(sq))
         B = m.shape[0]
         S = np.full(B, floor)
@@ -221,10 +294,17 @@ class Certifier:
             if not self.keep_terms and np.all(2 * r * np.exp(-gamma * k0) <= S):
                 break
             k = np.arange(k0, min(k0 + self.block, self.K + 1))
-            g = gate_shift_bound(sorted_d, m, self._w(k + 1), r, k + 1)   # g_{k+1}
             c = 2 * r / np.maximum(1.0, m[:, None] - k[None, :])
-            safe = g <= self.p.threshold
-            A = np.where(safe, c, np.minimum(2 * r, 2 * g + c))
+            A = np.full((B, k.size), 2 * r)
+            safe = np.zeros((B, k.size), dtype=bool)
+            if self.bound in ("both", "annulus"):
+                g = gate_shift_bound(sorted_d, m, self._w(k + 1), r, k + 1)   # g_{k+1}
+                safe = g <= self.p.threshold
+                A = np.where(safe, c, np.minimum(2 * r, 2 * g + c))
+            if self.bound in ("both", "propagation"):
+                P, excl = self._propagation_terms(k, m, a)
+                safe = safe | excl
+                A = np.minimum(A, P)
             S = np.maximum(S, np.max(A * np.exp(-gamma * k)[None, :], axis=1))
             if k0 == 0:
                 uncertain = ~safe[:, 0]

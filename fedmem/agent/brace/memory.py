@@ -29,6 +29,9 @@ class BraceMemory:
                  label: str = "brace recall"):
         if not isinstance(params, BraceParams):
             raise TypeError(f"params must be a BraceParams. Found {type(params).__name__}.")
+        if not params.dp_guarantee:
+            raise ValueError(f"params.gamma_mode must be 'eq8' for a private memory (the paper's gamma = 0.25 "
+                             f"violates Eq. (8): not a DP guarantee). Found {params.gamma_mode!r}.")
         if not isinstance(accountant, Accountant):
             raise TypeError(f"accountant must be a fedmem.dp.Accountant. Found {type(accountant).__name__}.")
         self._bank = V.finite_array("bank", bank, ndim=2, dim=params.d)

@@ -64,12 +64,23 @@ def gamma_max(epsilon: float, delta: float, T: int, d: int) -> float:
     return g
 
 
+GAMMA_MODES = ("eq8", "paper_0.25")
+PAPER_GAMMA_MODE = "paper_0.25"
+PAPER_GAMMA = 0.25
+NOT_DP_LABEL = "violates Eq. (8): not a DP guarantee"
+
+
 @dataclass(frozen=True)
 class BraceParams:
     """Public parameters of one BRACE trajectory release.
 
     ``gamma=None`` takes the largest value allowed by Eq. (8) (:func:`gamma_max`); an
-    explicit ``gamma`` above it raises ``ValueError``. ``r`` is the LSR radius; build
+    explicit ``gamma`` above it raises ``ValueError``.
+
+    ``gamma_mode="paper_0.25"`` is a *comparison setting only*: it fixes the paper's
+    ``gamma = 0.25`` (App. G.1), which violates Eq. (8) at the paper's settings, so the
+    release is **not** (epsilon, delta)-DP (:data:`NOT_DP_LABEL`). :attr:`dp_guarantee` is
+    False, :meth:`event` raises ``ValueError`` and :class:`BraceMemory` refuses such params. ``r`` is the LSR radius; build
     from an inverse temperature with :meth:`from_beta` (``r = sqrt(2/beta)``).
     """
 
@@ -80,6 +91,7 @@ class BraceParams:
     d: int
     kappa: float = 128.0
     gamma: float | None = None
+    gamma_mode: str = "eq8"
 
     def __post_init__(self):
         V.positive("r", self.r)
@@ -88,6 +100,13 @@ class BraceParams:
         V.open_unit("delta", self.delta)
         V.positive_int("d", self.d)
         V.positive("kappa", self.kappa)
+        if self.gamma_mode not in GAMMA_MODES:
+            raise ValueError(f"gamma_mode must be one of {GAMMA_MODES}. Found {self.gamma_mode!r}.")
+        if self.gamma_mode == PAPER_GAMMA_MODE:
+            if self.gamma is not None and self.gamma != PAPER_GAMMA:
+                raise ValueError(f"gamma_mode={PAPER_GAMMA_MODE!r} fixes gamma = {PAPER_GAMMA}. Found gamma={self.gamma!r}.")
+            object.__setattr__(self, "gamma", PAPER_GAMMA)
+            return
         bound = gamma_max(self.epsilon, self.delta, self.T, self.d)
         if self.gamma is None:
             object.__setattr__(self, "gamma", bound)
@@ -99,6 +118,15 @@ class BraceParams:
                     f"epsilon={self.epsilon!r}, delta={self.delta!r}, T={self.T!r}, d={self.d!r}. "
                     f"Found {self.gamma!r}."
                 )
+
+    @property
+    def dp_guarantee(self) -> bool:
+        """False for ``gamma_mode="paper_0.25"`` (Eq. (8) violated: no DP guarantee)."""
+        return self.gamma_mode == "eq8"
+
+    @property
+    def label(self) -> str:
+        return "Eq. (8) gamma" if self.dp_guarantee else f"paper gamma = 0.25 ({NOT_DP_LABEL})"
 
     @classmethod
     def from_beta(cls, beta: float, **kw) -> "BraceParams":
@@ -142,5 +170,10 @@ class BraceParams:
         return samplers.grid_granularity(self.sigma_floor(n))
 
     def event(self) -> ApproxDpEvent:
-        """What one released trajectory costs: (epsilon, delta) by Theorem 2 / App. C.2."""
+        """What one released trajectory costs: (epsilon, delta) by Theorem 2 / App. C.2.
+
+        Raises ``ValueError`` for ``gamma_mode="paper_0.25"``: that setting has no DP guarantee."""
+        if not self.dp_guarantee:
+            raise ValueError(f"gamma_mode={self.gamma_mode!r} {NOT_DP_LABEL}; it cannot be booked. "
+                             f"Found gamma={self.gamma!r}.")
         return ApproxDpEvent(epsilon=self.epsilon, delta=self.delta, mechanism="brace")
