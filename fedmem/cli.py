@@ -20,7 +20,10 @@ from pathlib import Path
 
 from fedmem.errors import FedmemError, ScenarioError
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+_CHECKOUT = Path(__file__).resolve().parent.parent  # a source checkout: its scenarios/ is the source of truth
+# An installed wheel has no checkout; its build copied the scenarios into fedmem/_scenarios.
+SCENARIO_DIR = (_CHECKOUT / "scenarios" if (_CHECKOUT / "pyproject.toml").is_file()
+                else Path(__file__).resolve().parent / "_scenarios")
 
 
 class UsageError(FedmemError):

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import math
+from fractions import Fraction
+
+import numpy as np
+from scipy.special import logsumexp
 
 import dp_accounting
 import pytest
 from dp_accounting import pld, rdp
-from hypothesis import example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fedmem.dp import (
@@ -24,7 +28,7 @@ from fedmem.dp import (
     LaplaceMechanism,
     PureDpEvent,
 )
-from fedmem.dp.accountant import event_from_dict, event_to_dict
+from fedmem.dp.accountant import em_rho, event_from_dict, event_to_dict
 from fedmem.errors import BudgetExceeded
 
 G = dp_accounting.GaussianDpEvent
@@ -94,9 +98,8 @@ class AccountantContract:
 
     def test_pure_events_summed_exactly(self):
         acc = self.make()
-        em = ExponentialMechanism(0.1, 1.0)
         for _ in range(10):
-            acc.book(em.event())
+            acc.book(PureDpEvent(0.1))  # a generic pure event: no zCDP route, basic composition only
         # Exact rational sum of ten binary 0.1's, rounded once, is 1.0; a running float
         # sum would under-report it as 0.9999999999999999.
         assert sum([0.1] * 10) < 1.0
@@ -195,6 +198,57 @@ class AccountantContract:
         with pytest.raises(ValueError, match="budget"):
             self.make(store=store, name="m", budget=(5.0, DELTA))
 
+    # ------------------------------------------------- exponential mechanism as zCDP
+    def test_em_zcdp_strictly_tighter_for_many_selections(self):
+        acc, basic = self.make(), self.make()
+        for _ in range(200):
+            acc.book(ExponentialMechanism(0.1, 1.0).event())
+            basic.book(PureDpEvent(0.1))  # same epsilon, no bounded-range structure claimed
+        assert basic.spent(DELTA) == pytest.approx(20.0)
+        assert acc.spent(DELTA) < 0.25 * basic.spent(DELTA)  # ~4.0: sqrt(k) instead of k
+        # One selection alone: the zCDP route is looser at this delta, basic composition is kept.
+        one = self.make()
+        one.book(ExponentialMechanism(0.1, 1.0).event())
+        assert one.spent(DELTA) == 0.1
+
+    def test_em_budget_admits_more_selections(self):
+        def fit(event):
+            acc = self.make(budget=(2.0, DELTA))
+            n = 0
+            while acc.fits([event]):
+                acc.book(event)
+                n += 1
+            with pytest.raises(BudgetExceeded):
+                acc.book(event)
+            assert acc.spent(DELTA) <= 2.0
+            return n
+
+        assert fit(PureDpEvent(0.05)) == 40
+        assert fit(ExponentialMechanism(0.05, 1.0).event()) > 100
+
+    def test_legacy_rows_still_read(self, tmp_path):
+        """Rows written in the pre-named-tuple format compose exactly as before."""
+        store = DurableStore(tmp_path / "old.sqlite")
+        self.make(store=store, name="old")
+        legacy = [{"type": "gaussian", "noise_multiplier": 1.5}, {"type": "laplace", "noise_multiplier": 2.0},
+                  {"type": "pure", "epsilon": 0.1, "mechanism": "exponential"},
+                  {"type": "self_composed", "count": 3, "event": {"type": "gaussian", "noise_multiplier": 4.0}},
+                  {"type": "composed", "events": [{"type": "laplace", "noise_multiplier": 9.0},
+                                                  {"type": "approx", "epsilon": 0.1, "delta": 1e-8,
+                                                   "mechanism": "brace"}]}]
+        with store.transaction() as db:
+            for d in legacy:
+                db.execute("INSERT INTO accountant_events (accountant, event, label, ts) VALUES (?, ?, ?, ?)",
+                           ("old", json.dumps(d), "legacy", 0.0))
+        events = [G(1.5), L(2.0), ExponentialMechanism(0.1, 1.0).event(), SC(G(4.0), 3),
+                  C([L(9.0), ApproxDpEvent(0.1, 1e-8, "brace")])]
+        reopened = self.make(store=store, name="old")
+        assert [event_from_dict(h.event) for h in reopened.history] == events
+        fresh = self.make()
+        for e in events:
+            fresh.book(e)
+        assert reopened.count == 5 and reopened.spent(DELTA) == fresh.spent(DELTA)
+
     def test_unknown_event_type_rejected(self):
         acc = self.make()
         with pytest.raises(TypeError, match="event"):
@@ -259,3 +313,137 @@ def test_calibrated_gaussian_books_its_target_in_pld():
     acc = Accountant("pld")
     acc.book(mech.event())
     assert acc.spent(1e-5) == pytest.approx(1.0, rel=2e-3)
+
+
+# ------------------------------------------------- exponential mechanism as zCDP
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(em_eps=st.lists(st.floats(0.005, 2.0), min_size=1, max_size=12),
+       gauss=st.lists(st.floats(0.5, 20.0), max_size=3), repeat=st.integers(1, 40))
+def test_em_zcdp_never_looser_than_basic_composition(kind, em_eps, gauss, repeat):
+    """Reported epsilon <= basic composition (EM epsilons summed + the rest by dp-accounting),
+    and equals the smaller of that and the all-RDP composition with EM as zCDP."""
+    acc = Accountant(kind)
+    for nm in gauss:
+        acc.book(G(nm))
+    for e in em_eps:
+        acc.book(SC(ExponentialMechanism(e, 1.0).event(), repeat))
+    basic = (reference(kind, [G(nm) for nm in gauss]) if gauss else 0.0) + float(
+        sum(Fraction(e) for e in em_eps) * repeat)
+    zcdp = reference("rdp", [G(nm) for nm in gauss] + [SC(dp_accounting.ZCDpEvent(em_rho(e)), repeat)
+                                                       for e in em_eps])
+    assert acc.spent(DELTA) <= basic
+    assert acc.spent(DELTA) == pytest.approx(min(basic, zcdp), rel=1e-9)
+
+
+# ------------------------------------------------------------ event serialisation
+@pytest.mark.parametrize("event", [
+    G(1.5), L(0.3), PureDpEvent(0.2), ExponentialMechanism(0.4, 2.0).event(), ApproxDpEvent(1.0, 1e-7, "brace"),
+    SC(G(2.0), 7), C([L(9.0), ApproxDpEvent(0.1, 1e-8), SC(PureDpEvent(0.1, "exponential"), 3)]),
+    dp_accounting.ZCDpEvent(0.25, 0.1), dp_accounting.PoissonSampledDpEvent(0.01, G(1.1)),
+    dp_accounting.RandomizedResponseDpEvent(0.5, 4),
+])
+def test_event_round_trip_uses_dp_accounting_named_tuples(event):
+    d = event_to_dict(event)
+    assert json.loads(json.dumps(d)) == d and "class_name" in d and "module_name" in d
+    assert event_from_dict(json.loads(json.dumps(d))) == event
+    if isinstance(event, dp_accounting.DpEvent):
+        assert d["module_name"] == "dp_accounting.dp_event"
+        assert {k for k in d} == set(event.to_named_tuple()._fields)
+
+
+@pytest.mark.parametrize("row", [
+    {"module_name": "os", "class_name": "system", "command": "true"},
+    {"module_name": "dp_accounting.dp_event", "class_name": "importlib"},
+    {"module_name": "dp_accounting.dp_event", "class_name": "DpEventNamedTuple"},
+    {"module_name": "fedmem.dp.mechanisms", "class_name": "GaussianMechanism", "sigma": 1.0},
+    {"type": "poisson"},
+    {"module_name": "dp_accounting.dp_event", "class_name": "GaussianDpEvent", "sigma": 1.0},
+])
+def test_event_from_dict_rejects_rows_outside_the_allow_list(row):
+    with pytest.raises(ValueError, match="event"):
+        event_from_dict(row)
+
+
+# ---------------------------------------------- bounded-range EM within its zCDP claim
+@settings(max_examples=80, deadline=None)
+@given(st.floats(1e-6, 50.0))
+def test_em_rho_never_below_eps_squared_over_8(eps):
+    rho = em_rho(eps)
+    assert Fraction(rho) >= Fraction(eps) ** 2 / 8
+    assert Fraction(math.nextafter(rho, 0.0)) < Fraction(eps) ** 2 / 8  # and is the smallest such float
+
+
+ALPHAS = np.concatenate([1 + np.logspace(-4, 0, 40), np.linspace(2.05, 64, 120)])
+
+
+def renyi(logp, logq, alphas=ALPHAS) -> np.ndarray:
+    """D_alpha(P || Q) at every order in ``alphas``."""
+    a = np.asarray(alphas)[:, None]
+    return logsumexp(a * logp[None, :] + (1 - a) * logq[None, :], axis=1) / (a[:, 0] - 1)
+
+
+def zcdp_excess(logp, logq, rho) -> float:
+    """max over alpha (both directions) of D_alpha - rho * alpha: <= 0 iff the pair is rho-zCDP
+    on this grid of orders (exact divergences of finite distributions, log space, no sampling)."""
+    return float(np.max(np.maximum(renyi(logp, logq), renyi(logq, logp)) - rho * ALPHAS))
+
+
+def em_pairs(rng, n_pairs=300):
+    """Neighbouring utility vectors |u - u'|_inf <= 1: random, random corners, and the
+    two-candidate pair (0, 0) vs (1, -1) on which the eps^2/8 bound is tight as eps -> 0."""
+    yield np.zeros(2), np.array([1.0, -1.0])
+    for _ in range(n_pairs):
+        n = int(rng.integers(2, 7))
+        u = rng.uniform(-3, 3, n)
+        d = rng.uniform(-1, 1, n) if rng.random() < 0.5 else rng.choice([-1.0, 1.0], n)
+        yield u, u + d
+
+
+@pytest.mark.parametrize("eps", [0.05, 0.3, 1.0, 3.0])
+def test_bounded_range_em_is_within_its_zcdp_claim_and_broken_variants_are_caught(eps):
+    rng = np.random.default_rng(20260311)
+    worst = {"em": -np.inf, "em_without_half": -np.inf, "claim_eps2_over_16": -np.inf}
+    for u, v in em_pairs(rng):
+        em = ExponentialMechanism(eps, 1.0)
+        p, q = em.log_probabilities(u), em.log_probabilities(v)
+        worst["em"] = max(worst["em"], zcdp_excess(p, q, em_rho(eps)))
+        # Broken: exp(eps u / sensitivity) (the factor 1/2 dropped) is 2*eps-bounded-range.
+        bad = ExponentialMechanism(2 * eps, 1.0)
+        worst["em_without_half"] = max(worst["em_without_half"],
+                                       zcdp_excess(bad.log_probabilities(u), bad.log_probabilities(v), em_rho(eps)))
+        # Broken: the right mechanism with a claim half as large.
+        worst["claim_eps2_over_16"] = max(worst["claim_eps2_over_16"], zcdp_excess(p, q, em_rho(eps) / 2))
+    assert worst["em"] <= 1e-12
+    assert worst["em_without_half"] > 0
+    assert worst["claim_eps2_over_16"] > 0
+
+
+def exact_delta_k_fold_rr(eps, k, target_eps) -> float:
+    """Exact delta(target_eps) of k independent selections on the two-candidate worst pair
+    (0, 0) vs (1, -1): each is randomized response with log-odds eps. Both directions."""
+    from scipy.stats import binom
+
+    a = 1 / (1 + math.exp(-eps))  # Pr[candidate 0] under u' = (1, -1)
+    j = np.arange(k + 1)
+    out = 0.0
+    # P = Bernoulli(1/2)^k, Q = Bernoulli(a)^k; delta = sum over outcomes (P - e^t Q)_+, by count j.
+    logp = binom.logpmf(j, k, 0.5)
+    logq = binom.logpmf(j, k, a)
+    for x, y in ((logp, logq), (logq, logp)):
+        out = max(out, float(np.sum(np.maximum(np.exp(x) - np.exp(target_eps + y), 0.0))))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+@pytest.mark.parametrize("eps,k", [(0.05, 400), (0.1, 200), (0.3, 60)])
+def test_booked_em_epsilon_holds_exactly_on_the_worst_pair(kind, eps, k):
+    """What the accountant reports for k selections keeps the exact delta of k worst-case
+    selections within DELTA; a booking at eps^2/32 (the broken companion) does not."""
+    acc = Accountant(kind)
+    acc.book(SC(ExponentialMechanism(eps, 1.0).event(), k))
+    claimed = acc.spent(DELTA)
+    assert claimed < k * eps  # the zCDP route is the one in use here
+    assert exact_delta_k_fold_rr(eps, k, claimed) <= DELTA
+    broken = reference("rdp", [SC(dp_accounting.ZCDpEvent(eps ** 2 / 32), k)])
+    assert exact_delta_k_fold_rr(eps, k, broken) > DELTA

@@ -239,3 +239,98 @@ def test_histogram_bound_rejects_bad_edges():
         histogram_epsilon_lower_bound([0.0], [1.0], [1.0, 0.0])
     with pytest.raises(ValueError, match="alpha"):
         histogram_epsilon_lower_bound([0.0], [1.0], [0.0, 1.0], alpha=0.0)
+
+
+# ------------------------------------- library replacements agree with the old formulas
+# The hand-written implementations these functions had before they moved to scipy /
+# scikit-learn, kept verbatim as references.
+def _old_clopper_pearson(k, n, alpha=0.05):
+    from scipy.stats import beta
+
+    lo = 0.0 if k == 0 else float(beta.ppf(alpha / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return lo, hi
+
+
+def _old_roc_curve(p, n):
+    scores = np.concatenate([p, n])
+    labels = np.concatenate([np.ones(p.size), np.zeros(n.size)])
+    order = np.argsort(-scores, kind="mergesort")
+    s, y = scores[order], labels[order]
+    last_of_block = np.r_[np.nonzero(np.diff(s))[0], s.size - 1]
+    tps = np.cumsum(y)[last_of_block]
+    fps = (last_of_block + 1) - tps
+    return np.r_[0.0, fps / n.size], np.r_[0.0, tps / p.size]
+
+
+def _old_roc_auc(p, n):
+    from scipy.stats import rankdata
+
+    ranks = rankdata(np.concatenate([p, n]))
+    r_pos = float(np.sum(ranks[: p.size]))
+    return (r_pos - p.size * (p.size + 1) / 2.0) / (p.size * n.size)
+
+
+def _old_auc_ci(p, n, alpha, rng, n_boot):
+    stats = np.empty(n_boot)
+    for b in range(n_boot):
+        stats[b] = _old_roc_auc(p[rng.integers(0, p.size, p.size)], n[rng.integers(0, n.size, n.size)])
+    lo, hi = np.quantile(stats, [alpha / 2, 1 - alpha / 2])
+    return float(lo), float(hi)
+
+
+def _old_histogram_bound(a, b, e, delta=0.0, alpha=1e-3):
+    from scipy.stats import beta
+
+    def event_counts(x):
+        below = np.searchsorted(np.sort(x), e, side="left")
+        return np.concatenate([np.diff(below), below, x.size - below])
+
+    ka, kb = event_counts(a), event_counts(b)
+    level = alpha / ka.size
+    lo_a = np.where(ka == 0, 0.0, beta.ppf(level / 2, np.maximum(ka, 1), a.size - ka + 1))
+    hi_b = np.where(kb == b.size, 1.0, beta.ppf(1 - level / 2, kb + 1, np.maximum(b.size - kb, 1)))
+    top = lo_a - delta
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bounds = np.where(top > 0, np.log(np.maximum(top, 1e-300) / hi_b), -np.inf)
+    return max(0.0, float(np.max(bounds)))
+
+
+def _random_scores(rng):
+    """Continuous, heavily tied (rounded) or tiny samples, with a random shift."""
+    n_pos, n_neg = int(rng.integers(1, 300)), int(rng.integers(1, 300))
+    p, n = rng.normal(rng.uniform(0, 2), 1, n_pos), rng.normal(0, 1, n_neg)
+    if rng.random() < 0.5:
+        p, n = np.round(p * 2) / 2, np.round(n * 2) / 2
+    return p, n
+
+
+def test_library_replacements_agree_with_old_formulas():
+    rng = np.random.default_rng(20260311)
+    for _ in range(200):
+        n = int(rng.integers(1, 100_000))
+        k = int(rng.choice([0, n, rng.integers(0, n + 1)]))
+        alpha = float(10 ** rng.uniform(-9, -0.5))
+        np.testing.assert_allclose(clopper_pearson(k, n, alpha), _old_clopper_pearson(k, n, alpha),
+                                   rtol=1e-12, atol=0)
+    for _ in range(100):
+        p, n = _random_scores(rng)
+        f_new, t_new = roc_curve(p, n)
+        f_old, t_old = _old_roc_curve(p, n)
+        assert f_new.shape == f_old.shape
+        np.testing.assert_allclose(f_new, f_old, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(t_new, t_old, rtol=0, atol=1e-12)
+        assert abs(roc_auc(p, n) - _old_roc_auc(p, n)) <= 1e-12
+        for target in (0.0, 0.01, 0.05, 0.5):
+            ok = f_old <= target + 1e-12
+            assert tpr_at_fpr(p, n, target) == float(np.max(t_old[ok]))
+        edges = np.linspace(-3, 3, int(rng.integers(2, 40)))
+        delta = float(rng.choice([0.0, 1e-4]))
+        assert abs(histogram_epsilon_lower_bound(p, n, edges, delta) - _old_histogram_bound(p, n, edges, delta)) \
+            <= 1e-12
+    for _ in range(5):
+        p, n = _random_scores(rng)
+        seed = int(rng.integers(1 << 31))
+        new = auc_ci(p, n, alpha=0.1, rng=np.random.default_rng(seed), n_boot=200)
+        old = _old_auc_ci(p, n, 0.1, np.random.default_rng(seed), 200)
+        np.testing.assert_allclose(new, old, rtol=0, atol=1e-12)

@@ -253,8 +253,9 @@ def test_recall_books_before_release_and_fails_closed(tmp_path):
     y = mem.recall(np.array([0.1, -0.2]))
     assert y.shape == (2,) and np.linalg.norm(y - [0.1, -0.2]) <= (p.T + 1) * p.r + 1e-9
     assert mem.recall_trajectory(np.zeros(2)).shape == (3, 2)
-    assert acc.count == 2 and acc.history[0].event == {"type": "approx", "epsilon": 2.0, "delta": 1e-6,
-                                                       "mechanism": "brace"}
+    from fedmem.dp.accountant import event_from_dict
+
+    assert acc.count == 2 and event_from_dict(acc.history[0].event) == ApproxDpEvent(2.0, 1e-6, "brace")
     state = mem._rng.bit_generator.state
     with pytest.raises(BudgetExceeded):
         mem.recall(np.zeros(2))                   # 3 * 2.0 > 5.0: refused before any computation

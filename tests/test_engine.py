@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 
+import dp_accounting
 import numpy as np
 import pytest
 
@@ -192,7 +193,9 @@ def test_epsilon_budget_refusal_releases_nothing(data, queries, ray_local):
         b = f.connect()
         assert sum(isinstance(r, Response) for r in b.retrieve_many(queries[:6])) >= 1
         assert acc.spent(1e-6) <= 15.0
-        assert ok[0].event == {"type": "gaussian", "noise_multiplier": 1.2}
+        from fedmem.dp.accountant import event_from_dict
+
+        assert event_from_dict(ok[0].event) == dp_accounting.GaussianDpEvent(1.2)
 
 
 def test_principals_are_issued_not_chosen(data, ray_local, tmp_path):

@@ -185,11 +185,12 @@ def _admission_by_count(Federation):
 
 def _slow_when_many(Federation):
     class SlowWhenMany(Federation):
-        """Work that grows with the selected count (e.g. an unpadded loop over the selection)."""
+        """Work that grows with the number of contributing shards (e.g. an unpadded per-shard
+        loop): 50 ms per contributing shard, so the target's shard adds 50 ms."""
 
         def retrieve_many(self, qs, *a, **k):
-            n = sum(t.count for t in self.ground_truth_many(qs))
-            time.sleep(0.004 * n)
+            n = sum(t.contributors for t in self.ground_truth_many(qs))
+            time.sleep(0.05 * n)
             return super().retrieve_many(qs, *a, **k)
     return SlowWhenMany
 

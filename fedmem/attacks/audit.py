@@ -3,8 +3,8 @@
 Everything here turns *observed attack outcomes* into statements with confidence
 bounds. Two families of tools:
 
-* **Attack quality**: :func:`roc_curve`, :func:`roc_auc` (Mann-Whitney), :func:`auc_ci`
-  (bootstrap), :func:`tpr_at_fpr` (the low-FPR operating point, e.g. TPR@5%FPR of the
+* **Attack quality**: :func:`roc_curve` and :func:`roc_auc` (``sklearn.metrics``),
+  :func:`auc_ci` (stratified bootstrap of the Mann-Whitney statistic, ``scipy.stats``), :func:`tpr_at_fpr` (the low-FPR operating point, e.g. TPR@5%FPR of the
   DP-MemView auditor protocol).
 * **Privacy auditing**: an (epsilon, delta)-DP mechanism M satisfies, for every event E
   and neighbours D, D'::
@@ -22,6 +22,14 @@ bounds. Two families of tools:
 A lower bound above the booked epsilon means the mechanism leaks more than it was
 charged for; with the confidence level stated, that is a bug, not noise.
 
+Library code does the standard statistics: Clopper-Pearson ends are
+``scipy.stats.beta`` quantiles, ROC/AUC come from ``sklearn.metrics``, the bootstrap AUCs
+from ``scipy.stats.mannwhitneyu``. What is here is what no library has: the DP ROC
+ceiling and the epsilon lower bounds built on it. (``scipy.stats.binomtest(...)
+.proportion_ci(method="exact")`` is not used: it finds the same ends by ``brentq`` with an
+absolute tolerance of 2e-12, about 1e-11 relative on small lower ends, and without a
+guaranteed direction; the beta quantiles are the exact Clopper-Pearson identity.)
+
 No function here draws randomness from a global RNG; :func:`auc_ci` takes an injected
 ``numpy.random.Generator``.
 """
@@ -33,7 +41,8 @@ import numbers
 
 import numpy as np
 from scipy.stats import beta as _beta
-from scipy.stats import rankdata
+from scipy.stats import mannwhitneyu
+from sklearn import metrics as _skm
 
 from fedmem import _validate as V
 
@@ -74,21 +83,31 @@ def _scores(name: str, value) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ binomial bounds
+def _cp_ends(k, n, level):
+    """One-sided ``1 - level/2`` Clopper-Pearson ends (arrays allowed): ``scipy.stats.beta``
+    quantiles ``Beta^{-1}(level/2; k, n-k+1)`` (0 when k = 0) and
+    ``Beta^{-1}(1-level/2; k+1, n-k)`` (1 when k = n)."""
+    k, n = np.asarray(k), np.asarray(n)
+    with np.errstate(invalid="ignore"):
+        lo = np.where(k == 0, 0.0, _beta.ppf(level / 2, np.maximum(k, 1), n - k + 1))
+        hi = np.where(k == n, 1.0, _beta.ppf(1 - level / 2, k + 1, np.maximum(n - k, 1)))
+    return lo, hi
+
+
 def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
     """Exact two-sided ``1 - alpha`` Clopper-Pearson interval for a binomial proportion.
 
     ``lo = Beta^{-1}(alpha/2; k, n-k+1)`` (0 when k = 0) and
-    ``hi = Beta^{-1}(1-alpha/2; k+1, n-k)`` (1 when k = n). Each end alone is a one-sided
-    ``1 - alpha/2`` bound.
+    ``hi = Beta^{-1}(1-alpha/2; k+1, n-k)`` (1 when k = n), by ``scipy.stats.beta``.
+    Each end alone is a one-sided ``1 - alpha/2`` bound.
     """
     n = _trials("n", n)
     k = _count("k", k)
     if k > n:
         raise ValueError(f"k must be <= n ({n}). Found {k!r}.")
     alpha = V.open_unit("alpha", alpha)
-    lo = 0.0 if k == 0 else float(_beta.ppf(alpha / 2, k, n - k + 1))
-    hi = 1.0 if k == n else float(_beta.ppf(1 - alpha / 2, k + 1, n - k))
-    return lo, hi
+    lo, hi = _cp_ends(k, n, alpha)
+    return float(lo), float(hi)
 
 
 def _log_ratio_lower(num_lo: float, den_hi: float, delta: float) -> float:
@@ -134,38 +153,29 @@ def epsilon_lower_bound(tp: int, n_pos: int, fp: int, n_neg: int, delta: float =
 
 
 # ------------------------------------------------------------------------------ ROC
+def _labelled(pos, neg, names=("pos", "neg")):
+    p = _scores(names[0], pos)
+    n = _scores(names[1], neg)
+    return p, n, np.concatenate([np.ones(p.size), np.zeros(n.size)]), np.concatenate([p, n])
+
+
 def roc_curve(pos, neg) -> tuple[np.ndarray, np.ndarray]:
     """Empirical ROC curve; a higher score means "more likely positive".
 
-    For each distinct threshold t (descending) the test "score >= t" gives one point
-    ``(FPR(t), TPR(t))``. The curve starts at (0, 0) and ends at (1, 1); ties move both
-    rates at once (the ROC is the step/diagonal of the tied block).
+    ``sklearn.metrics.roc_curve`` with every threshold kept: for each distinct threshold
+    t (descending) the test "score >= t" gives one point ``(FPR(t), TPR(t))``. The curve
+    starts at (0, 0) and ends at (1, 1); ties move both rates at once.
     """
-    p = _scores("pos", pos)
-    n = _scores("neg", neg)
-    scores = np.concatenate([p, n])
-    labels = np.concatenate([np.ones(p.size), np.zeros(n.size)])
-    order = np.argsort(-scores, kind="mergesort")
-    s, y = scores[order], labels[order]
-    last_of_block = np.r_[np.nonzero(np.diff(s))[0], s.size - 1]
-    tps = np.cumsum(y)[last_of_block]
-    fps = (last_of_block + 1) - tps
-    tpr = np.r_[0.0, tps / p.size]
-    fpr = np.r_[0.0, fps / n.size]
+    _, _, y, s = _labelled(pos, neg)
+    fpr, tpr, _ = _skm.roc_curve(y, s, drop_intermediate=False)
     return fpr, tpr
 
 
 def roc_auc(pos_scores, neg_scores) -> float:
-    """Area under the ROC curve = ``Pr[S_pos > S_neg] + Pr[S_pos = S_neg] / 2``.
-
-    Computed exactly by the Mann-Whitney rank statistic:
-    ``AUC = (R_pos - n_pos (n_pos + 1) / 2) / (n_pos n_neg)`` with mid-ranks for ties.
-    """
-    p = _scores("pos_scores", pos_scores)
-    n = _scores("neg_scores", neg_scores)
-    ranks = rankdata(np.concatenate([p, n]))
-    r_pos = float(np.sum(ranks[: p.size]))
-    return (r_pos - p.size * (p.size + 1) / 2.0) / (p.size * n.size)
+    """Area under the ROC curve = ``Pr[S_pos > S_neg] + Pr[S_pos = S_neg] / 2``
+    (``sklearn.metrics.roc_auc_score``; ties count one half)."""
+    _, _, y, s = _labelled(pos_scores, neg_scores, ("pos_scores", "neg_scores"))
+    return float(_skm.roc_auc_score(y, s))
 
 
 def auc_ci(pos, neg, alpha: float = 0.05, rng: np.random.Generator | None = None,
@@ -173,8 +183,10 @@ def auc_ci(pos, neg, alpha: float = 0.05, rng: np.random.Generator | None = None
     """Percentile-bootstrap ``1 - alpha`` interval for :func:`roc_auc`.
 
     Positives and negatives are resampled separately (stratified bootstrap), ``n_boot``
-    times. ``rng`` is the injected generator; when None a generator seeded with 0 is
-    used, so the interval is reproducible (never the global RNG).
+    times; each resample's AUC is its Mann-Whitney ``U / (n_pos n_neg)``, computed for a
+    batch of resamples at once by ``scipy.stats.mannwhitneyu``. ``rng`` is the injected
+    generator; when None a generator seeded with 0 is used, so the interval is
+    reproducible (never the global RNG).
     """
     p = _scores("pos", pos)
     n = _scores("neg", neg)
@@ -184,9 +196,15 @@ def auc_ci(pos, neg, alpha: float = 0.05, rng: np.random.Generator | None = None
         rng = np.random.default_rng(0)
     elif not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator or None. Found {type(rng).__name__}.")
+    # Same draws, in the same order, as one resample at a time.
+    idx = [(rng.integers(0, p.size, p.size), rng.integers(0, n.size, n.size)) for _ in range(n_boot)]
     stats = np.empty(n_boot)
-    for b in range(n_boot):
-        stats[b] = roc_auc(p[rng.integers(0, p.size, p.size)], n[rng.integers(0, n.size, n.size)])
+    chunk = max(1, 2_000_000 // (p.size + n.size))
+    for start in range(0, n_boot, chunk):
+        block = idx[start:start + chunk]
+        u = mannwhitneyu(p[np.stack([i for i, _ in block])], n[np.stack([j for _, j in block])], axis=1,
+                         method="asymptotic").statistic
+        stats[start:start + len(block)] = u / (p.size * n.size)
     lo, hi = np.quantile(stats, [alpha / 2, 1 - alpha / 2])
     return float(lo), float(hi)
 
@@ -256,8 +274,8 @@ def histogram_epsilon_lower_bound(samples_a, samples_b, edges, delta: float = 0.
     ka, kb = event_counts(a), event_counts(b)
     m = ka.size
     level = alpha / m  # two-sided CP at alpha/m = one-sided alpha/(2m) at each end
-    lo_a = np.where(ka == 0, 0.0, _beta.ppf(level / 2, np.maximum(ka, 1), a.size - ka + 1))
-    hi_b = np.where(kb == b.size, 1.0, _beta.ppf(1 - level / 2, kb + 1, np.maximum(b.size - kb, 1)))
+    lo_a, _ = _cp_ends(ka, a.size, level)
+    _, hi_b = _cp_ends(kb, b.size, level)
     top = lo_a - delta
     with np.errstate(divide="ignore", invalid="ignore"):
         bounds = np.where(top > 0, np.log(np.maximum(top, 1e-300) / hi_b), -np.inf)

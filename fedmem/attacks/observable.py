@@ -253,17 +253,8 @@ def spreading_report(observations: Sequence[Observation], principals: int, delta
     whose budgets are keyed by something the caller controls lets the adversary exceed
     the total budget: verdict ``"EXCEEDS TOTAL BUDGET"``.
     """
-    sup_obs = []
-    for o in observations:
-        if not o.answered:
-            continue
-        ev = getattr(o.response, "event", None)
-        if ev is None:
-            continue
-        parts = ev["events"] if ev.get("type") == "composed" else [ev]
-        # the value event comes first; the rest are support events (aggregator.plan order)
-        if len(parts) > 1:
-            sup_obs.append(Observation(_EventOnly(parts[1:]), None, 0.0))
+    sup_obs = [Observation(_EventOnly(ev), None, 0.0) for o in observations if o.answered
+               for ev in support_events(o.response)]
     bits = booked_epsilon(sup_obs, delta, kind) / math.log(2.0) if sup_obs else 0.0
     eps = booked_epsilon(observations, delta, kind)
     answered = sum(o.answered for o in observations)
@@ -272,7 +263,27 @@ def spreading_report(observations: Sequence[Observation], principals: int, delta
                            float(total_epsilon_budget), "EXCEEDS TOTAL BUDGET" if over else "within total budget")
 
 
+def support_events(response) -> list:
+    """The support part of a response's booked event: every part after the value's (the
+    aggregator's plans list the value channel first), as dp-accounting events."""
+    import dp_accounting
+
+    from fedmem.dp.accountant import event_from_dict
+
+    ev = getattr(response, "event", None)
+    if not ev:
+        return []
+    ev = event_from_dict(ev)
+    if isinstance(ev, dp_accounting.ComposedDpEvent) and len(ev.events) > 1:
+        return list(ev.events[1:])
+    return []
+
+
 class _EventOnly:
-    def __init__(self, parts):
-        self.event = parts[0] if len(parts) == 1 else {"type": "composed", "events": list(parts)}
+    """A stand-in response carrying one booked event (for composing support parts)."""
+
+    def __init__(self, event):
+        from fedmem.dp.accountant import event_to_dict
+
+        self.event = event_to_dict(event)
         self.channels = ("support",)

@@ -6,11 +6,19 @@ event (book **before** releasing), :meth:`Accountant.spent` returns epsilon at a
 serialises it. Composition is done by ``dp_accounting.rdp.RdpAccountant`` (``kind="rdp"``)
 or ``dp_accounting.pld.PLDAccountant`` (``kind="pld"``), never by hand.
 
-Pure-DP events (:class:`~fedmem.dp.mechanisms.PureDpEvent`, e.g. exponential-mechanism
-selections; dp-accounting has no event for them) and directly certified (epsilon, delta)
-events (:class:`~fedmem.dp.mechanisms.ApproxDpEvent`, e.g. BRACE) are summed exactly and
-added by basic composition: if the rest is (e1, delta - d2)-DP and these parts are
-(e2, d2)-DP, the whole is (e1 + e2, delta)-DP.
+Pure-DP events (:class:`~fedmem.dp.mechanisms.PureDpEvent`) and directly certified
+(epsilon, delta) events (:class:`~fedmem.dp.mechanisms.ApproxDpEvent`, e.g. BRACE) are
+summed exactly and added by basic composition: if the rest is (e1, delta - d2)-DP and
+these parts are (e2, d2)-DP, the whole is (e1 + e2, delta)-DP.
+
+Exponential-mechanism selections (``PureDpEvent(mechanism="exponential")``, what
+:meth:`~fedmem.dp.mechanisms.ExponentialMechanism.event` returns) are eps-bounded-range
+and therefore ``eps^2/8``-zCDP (:func:`em_rho`). The accountant keeps a second, equally
+valid composition in which they are ``dp_accounting.ZCDpEvent`` s composed by an
+``RdpAccountant`` together with every other dp-accounting event (``PLDAccountant`` has no
+``ZCDpEvent`` support in dp-accounting 0.6.0), and reports the smaller of the two
+epsilons: never looser than basic composition, and growing like sqrt(k) instead of k
+for many selections. The per-attribute ledgers (:mod:`fedmem.dp.ledger`) stay pure DP.
 
 Every booking is one SQLite transaction in a :class:`~fedmem.dp.store.DurableStore`;
 with a ``budget`` the prospective total is checked inside the same transaction, so a
@@ -21,8 +29,11 @@ file and name share one history.
 
 from __future__ import annotations
 
+import collections
 import copy
+import dataclasses
 import json
+import math
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -41,28 +52,45 @@ ACCOUNTANT_KINDS = ("rdp", "pld")
 
 
 # ------------------------------------------------------------------ event (de)serialisation
+# dp-accounting 0.6.0 serialises events only to / from NamedTuples
+# (``DpEvent.to_named_tuple`` / ``DpEvent.from_named_tuple``), not to dicts or JSON. A row
+# is that named tuple as a JSON object: ``{"module_name", "class_name", <fields>}``, nested
+# events likewise. fedmem's own records (``PureDpEvent``, ``ApproxDpEvent``; plain
+# dataclasses, not attrs classes) use the same shape. ``from_named_tuple`` imports whatever
+# module a row names, so rows are checked against an allow-list first.
+_FEDMEM_MODULE = "fedmem.dp.mechanisms"
+_FEDMEM_EVENTS = {"PureDpEvent": PureDpEvent, "ApproxDpEvent": ApproxDpEvent}
+_DPA_MODULE = "dp_accounting.dp_event"
+_LEGACY_TYPES = ("pure", "approx", "gaussian", "laplace", "self_composed", "composed")
+
+
+def _tuple_to_json(value):
+    if isinstance(value, (PureDpEvent, ApproxDpEvent)):
+        return event_to_dict(value)
+    if isinstance(value, dp_accounting.dp_event.DpEventNamedTuple):
+        return {k: _tuple_to_json(v) for k, v in value._asdict().items()}
+    if isinstance(value, (list, tuple)):
+        return [_tuple_to_json(v) for v in value]
+    return value
+
+
 def event_to_dict(event) -> dict:
-    """Serialise the event types fedmem books. Unknown types raise ``TypeError``."""
-    if isinstance(event, PureDpEvent):
-        return {"type": "pure", "epsilon": event.epsilon, "mechanism": event.mechanism}
-    if isinstance(event, ApproxDpEvent):
-        return {"type": "approx", "epsilon": event.epsilon, "delta": event.delta, "mechanism": event.mechanism}
-    if isinstance(event, dp_accounting.GaussianDpEvent):
-        return {"type": "gaussian", "noise_multiplier": float(event.noise_multiplier)}
-    if isinstance(event, dp_accounting.LaplaceDpEvent):
-        return {"type": "laplace", "noise_multiplier": float(event.noise_multiplier)}
-    if isinstance(event, dp_accounting.SelfComposedDpEvent):
-        return {"type": "self_composed", "count": int(event.count), "event": event_to_dict(event.event)}
-    if isinstance(event, dp_accounting.ComposedDpEvent):
-        return {"type": "composed", "events": [event_to_dict(e) for e in event.events]}
-    raise TypeError(
-        "event must be a GaussianDpEvent, LaplaceDpEvent, PureDpEvent, SelfComposedDpEvent or "
-        f"ComposedDpEvent. Found {type(event).__name__}."
-    )
+    """JSON-ready dict of ``event`` (any dp-accounting event, or a fedmem pure/approx record).
+
+    dp-accounting events go through ``DpEvent.to_named_tuple``; the result names the
+    event's module and class. Anything else raises ``TypeError``.
+    """
+    if isinstance(event, (PureDpEvent, ApproxDpEvent)):
+        return {"module_name": _FEDMEM_MODULE, "class_name": type(event).__name__, **dataclasses.asdict(event)}
+    if isinstance(event, dp_accounting.DpEvent):
+        return _tuple_to_json(event.to_named_tuple())
+    raise TypeError(f"event must be a dp_accounting.DpEvent, PureDpEvent or ApproxDpEvent. "
+                    f"Found {type(event).__name__}.")
 
 
-def event_from_dict(d: dict):
-    t = d.get("type")
+def _legacy_from_dict(d: dict):
+    """Rows written before events were stored as dp-accounting named tuples."""
+    t = d["type"]
     if t == "pure":
         return PureDpEvent(epsilon=d["epsilon"], mechanism=d.get("mechanism", "pure"))
     if t == "approx":
@@ -75,7 +103,72 @@ def event_from_dict(d: dict):
         return dp_accounting.SelfComposedDpEvent(event_from_dict(d["event"]), d["count"])
     if t == "composed":
         return dp_accounting.ComposedDpEvent([event_from_dict(e) for e in d["events"]])
-    raise ValueError(f"event type must be one of pure/approx/gaussian/laplace/self_composed/composed. Found {t!r}.")
+    raise ValueError(f"event type must be one of {'/'.join(_LEGACY_TYPES)}. Found {t!r}.")
+
+
+def _json_to_value(value):
+    if isinstance(value, dict):
+        return event_from_dict(value)
+    if isinstance(value, list):
+        return [_json_to_value(v) for v in value]
+    return value
+
+
+def event_from_dict(d: dict):
+    """Inverse of :func:`event_to_dict`; also reads rows in the older ``{"type": ...}`` form."""
+    if not isinstance(d, dict):
+        raise ValueError(f"event must be a dict. Found {d!r}.")
+    if "type" in d and "class_name" not in d:
+        return _legacy_from_dict(d)
+    module, name = d.get("module_name"), d.get("class_name")
+    fields = {k: _json_to_value(v) for k, v in d.items() if k not in ("module_name", "class_name")}
+    if module == _FEDMEM_MODULE and name in _FEDMEM_EVENTS:
+        try:
+            return _FEDMEM_EVENTS[name](**fields)
+        except TypeError as exc:
+            raise ValueError(f"event fields of {name} must be {_FEDMEM_EVENTS[name].__dataclass_fields__.keys()}. "
+                             f"Found {sorted(fields)}.") from exc
+    cls = getattr(dp_accounting.dp_event, name, None) if module == _DPA_MODULE and isinstance(name, str) else None
+    if not (isinstance(cls, type) and issubclass(cls, dp_accounting.DpEvent)):
+        raise ValueError(f"event module_name/class_name must name a dp_accounting.dp_event event or a fedmem "
+                         f"PureDpEvent/ApproxDpEvent. Found {module!r}/{name!r}.")
+    # The named tuple dp-accounting's own deserialiser takes (nested events already built).
+    nt = collections.namedtuple(f"_{name}NamedTuple", ["module_name", "class_name", *fields])
+    try:
+        return dp_accounting.DpEvent.from_named_tuple(nt(module, name, **fields))
+    except TypeError as exc:
+        raise ValueError(f"event fields of {name} must be its attrs fields. Found {sorted(fields)}.") from exc
+
+
+# ------------------------------------------------------------------ exponential mechanism as zCDP
+def em_rho(epsilon: float) -> float:
+    """zCDP parameter of one epsilon-DP exponential-mechanism selection: ``epsilon**2 / 8``.
+
+    An exponential mechanism ``Pr[v] ∝ exp(eps u(v) / (2 Δ))`` with ``|u(x, v) - u(x', v)| <= Δ``
+    is eps-*bounded range* (Durfee & Rogers 2019), and an eps-bounded-range mechanism is
+    ``eps^2/8``-zCDP (Cesar & Rogers 2021, Lemma 3.2), four times less than the
+    ``eps^2/2`` of a generic eps-DP mechanism. Rounded up, never below the exact value.
+    """
+    exact = Fraction(epsilon) ** 2 / 8
+    rho = float(exact)
+    while Fraction(rho) < exact:
+        rho = math.nextafter(rho, math.inf)
+    return rho
+
+
+_BOOKABLE = (dp_accounting.GaussianDpEvent, dp_accounting.LaplaceDpEvent)
+
+
+def _bookable(event) -> bool:
+    if isinstance(event, dp_accounting.SelfComposedDpEvent):
+        return _bookable(event.event)
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        return all(_bookable(e) for e in event.events)
+    return isinstance(event, _BOOKABLE)
+
+
+def _is_em(event) -> bool:
+    return isinstance(event, PureDpEvent) and event.mechanism == "exponential"
 
 
 @dataclass(frozen=True)
@@ -92,24 +185,90 @@ class _Basic:
         return _Basic(self.epsilon * n, self.delta * n)
 
 
-def _split_pure(event) -> tuple[list, _Basic]:
-    """Separate pure / approximate-DP parts (summed exactly) from dp-accounting parts."""
+def _split_pure(event, em_as_zcdp: bool = False) -> tuple[list, _Basic, int]:
+    """Separate the parts summed exactly (pure / approximate DP) from dp-accounting parts.
+
+    With ``em_as_zcdp``, exponential-mechanism selections become ``ZCDpEvent(eps^2/8)``
+    dp-accounting parts instead. Also returns how many EM selections ``event`` holds.
+    """
     if isinstance(event, PureDpEvent):
-        return [], _Basic(Fraction(event.epsilon))
+        if em_as_zcdp and _is_em(event):
+            return [dp_accounting.ZCDpEvent(rho=em_rho(event.epsilon))], _Basic(), 1
+        return [], _Basic(Fraction(event.epsilon)), int(_is_em(event))
     if isinstance(event, ApproxDpEvent):
-        return [], _Basic(Fraction(event.epsilon), Fraction(event.delta))
+        return [], _Basic(Fraction(event.epsilon), Fraction(event.delta)), 0
     if isinstance(event, dp_accounting.SelfComposedDpEvent):
-        inner, basic = _split_pure(event.event)
+        inner, basic, n_em = _split_pure(event.event, em_as_zcdp)
         rest = [dp_accounting.SelfComposedDpEvent(e, event.count) for e in inner]
-        return rest, basic.times(event.count)
+        return rest, basic.times(event.count), n_em * event.count
     if isinstance(event, dp_accounting.ComposedDpEvent):
-        rest, basic = [], _Basic()
+        rest, basic, n_em = [], _Basic(), 0
         for e in event.events:
-            r, b = _split_pure(e)
+            r, b, n = _split_pure(e, em_as_zcdp)
             rest += r
             basic = basic + b
-        return rest, basic
-    return [event], _Basic()
+            n_em += n
+        return rest, basic, n_em
+    return [event], _Basic(), 0
+
+
+class _Track:
+    """One valid way of composing the history: a dp-accounting backend plus exact sums.
+
+    ``em_as_zcdp=False``: basic composition of every pure / approximate part (the
+    original accounting). ``em_as_zcdp=True``: EM selections composed as zCDP inside an
+    ``RdpAccountant`` (dp-accounting 0.6.0's ``PLDAccountant`` does not support
+    ``ZCDpEvent``). Both are upper bounds, so the accountant reports the smaller.
+    A track that meets an event its backend cannot compose is dropped (``alive=False``).
+    """
+
+    def __init__(self, backend, em_as_zcdp: bool):
+        self.acc = backend
+        self.em_as_zcdp = em_as_zcdp
+        self.basic = _Basic()
+        self.alive = True
+        self.n_em = 0
+
+    def compose(self, event) -> None:
+        rest, basic, n_em = _split_pure(event, self.em_as_zcdp)
+        self.n_em += n_em
+        if not self.alive:
+            return
+        if not all(self.acc.supports(e) for e in rest):
+            self.alive = False
+            return
+        for e in rest:
+            self.acc.compose(e)
+        self.basic = self.basic + basic
+
+    def epsilon(self, delta: float) -> float:
+        """dp-accounting epsilon at (delta - booked approx deltas), plus the basic parts.
+
+        Infinite when the approximate-DP deltas already use up ``delta`` (or the track is dead).
+        """
+        if not self.alive:
+            return float("inf")
+        rest_delta = Fraction(delta) - self.basic.delta
+        if rest_delta <= 0:
+            return float("inf")
+        ledger = getattr(self.acc, "ledger", None)
+        empty = isinstance(ledger, dp_accounting.ComposedDpEvent) and not ledger.events
+        base = 0.0 if empty else self.acc.get_epsilon(float(rest_delta))
+        return float(base) + float(self.basic.epsilon)
+
+
+def _epsilon(tracks, delta: float) -> float:
+    """Smallest valid epsilon at ``delta`` over the tracks.
+
+    The zCDP track only counts once an EM selection is in the history: without one it
+    could only differ from the primary track by the choice of backend.
+    """
+    primary, *others = tracks
+    eps = primary.epsilon(delta)
+    if primary.n_em:
+        for t in others:
+            eps = min(eps, t.epsilon(delta))
+    return eps
 
 
 @dataclass(frozen=True)
@@ -152,8 +311,7 @@ class Accountant:
                 db.execute("INSERT INTO accountant_meta VALUES (?, ?, ?, ?)",
                            (name, kind, None if budget is None else budget[0],
                             None if budget is None else budget[1]))
-        self._acc = self._new_backend()
-        self._pure = _Basic()
+        self._tracks = self._new_tracks()
         self._last_id = 0
         self._count = 0
         with self.store.transaction() as db:
@@ -164,11 +322,13 @@ class Accountant:
             return rdp.RdpAccountant()
         return pld.PLDAccountant(value_discretization_interval=self._pld_discretization)
 
-    def _compose(self, acc, event) -> _Basic:
-        rest, pure = _split_pure(event)
-        for e in rest:
-            acc.compose(e)
-        return pure
+    def _new_tracks(self) -> list[_Track]:
+        return [_Track(self._new_backend(), em_as_zcdp=False), _Track(rdp.RdpAccountant(), em_as_zcdp=True)]
+
+    @property
+    def _acc(self):
+        """The primary dp-accounting backend (kind ``rdp`` or ``pld``)."""
+        return self._tracks[0].acc
 
     def _sync(self, db) -> None:
         """Fold in rows booked (by any process) since the last sync."""
@@ -176,25 +336,11 @@ class Accountant:
             "SELECT id, event FROM accountant_events WHERE accountant=? AND id>? ORDER BY id",
             (self.name, self._last_id),
         ):
-            self._pure += self._compose(self._acc, event_from_dict(json.loads(ev)))
+            event = event_from_dict(json.loads(ev))
+            for t in self._tracks:
+                t.compose(event)
             self._last_id = rid
             self._count += 1
-
-    def _epsilon(self, acc, basic: _Basic, delta: float) -> float:
-        """dp-accounting epsilon at (delta - booked approx deltas), plus the basic parts.
-
-        Infinite when the approximate-DP deltas already use up ``delta``.
-        """
-        rest_delta = Fraction(delta) - basic.delta
-        if rest_delta <= 0:
-            return float("inf")
-        base = acc.get_epsilon(float(rest_delta)) if self._has_events(acc) else 0.0
-        return float(base) + float(basic.epsilon)
-
-    @staticmethod
-    def _has_events(acc) -> bool:
-        ledger = getattr(acc, "ledger", None)
-        return not (isinstance(ledger, dp_accounting.ComposedDpEvent) and not ledger.events)
 
     # ------------------------------------------------------------------ public API
     def book(self, event, label: str = "") -> Booking:
@@ -210,12 +356,10 @@ class Accountant:
         with self.store.transaction() as db:
             self._sync(db)
             if self.budget is not None:
-                trial = copy.deepcopy(self._acc)
-                pure = self._pure + self._compose(trial, event)
-                eps = self._epsilon(trial, pure, self.budget[1])
+                eps = self._trial_epsilon([event], self.budget[1])
                 if eps > self.budget[0]:
                     raise BudgetExceeded(
-                        f"booking {label or payload['type']!r} would raise epsilon of accountant "
+                        f"booking {label or payload['class_name']!r} would raise epsilon of accountant "
                         f"{self.name!r} to {eps:.6g} > budget {self.budget[0]!r} at delta={self.budget[1]!r}."
                     )
             ts = time.time()
@@ -232,11 +376,12 @@ class Accountant:
 
     def _trial_epsilon(self, events, delta: float) -> float:
         """Epsilon at ``delta`` if ``events`` were composed on top of the current history."""
-        trial = copy.deepcopy(self._acc)
-        pure = self._pure
+        trial = copy.deepcopy(self._tracks)
         for ev in events:
-            pure = pure + self._compose(trial, event_from_dict(event_to_dict(ev)))
-        return self._epsilon(trial, pure, delta)
+            ev = event_from_dict(event_to_dict(ev))
+            for t in trial:
+                t.compose(ev)
+        return _epsilon(trial, delta)
 
     def fits(self, events, budget: tuple[float, float] | None = None) -> bool:
         """Whether composing ``events`` (a list) would stay within this accountant's budget
@@ -256,15 +401,18 @@ class Accountant:
         return True
 
     def _supported(self, event) -> bool:
-        rest, _ = _split_pure(event)
-        return all(self._acc.supports(e) for e in rest)
+        """Bookable: built only of the event types fedmem defines sensitivities for (a
+        dp-accounting event such as ``PoissonSampledDpEvent`` assumes a neighbouring
+        relation fedmem's records do not state), and composable by the primary backend."""
+        rest, _, _ = _split_pure(event)
+        return all(_bookable(e) and self._acc.supports(e) for e in rest)
 
     def spent(self, delta: float) -> float:
         """Total epsilon of everything booked so far, at ``delta``."""
         delta = V.open_unit("delta", delta)
         with self.store.transaction() as db:
             self._sync(db)
-        return self._epsilon(self._acc, self._pure, delta)
+        return _epsilon(self._tracks, delta)
 
     def remaining(self) -> float:
         if self.budget is None:

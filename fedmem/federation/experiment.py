@@ -277,13 +277,17 @@ def _leaky(resp, truth, f) -> list[str]:
     return why
 
 
-def _leaf_events(d: dict) -> int:
-    """Number of elementary DP events in a booked event (as stored by the accountant)."""
-    t = d.get("type")
-    if t == "composed":
-        return sum(_leaf_events(e) for e in d["events"])
-    if t == "self_composed":
-        return int(d["count"]) * _leaf_events(d["event"])
+def _leaf_events(d) -> int:
+    """Number of elementary DP events in a booked event (a stored dict or a dp-accounting event)."""
+    import dp_accounting
+
+    from fedmem.dp.accountant import event_from_dict
+
+    ev = event_from_dict(d) if isinstance(d, dict) else d
+    if isinstance(ev, dp_accounting.ComposedDpEvent):
+        return sum(_leaf_events(e) for e in ev.events)
+    if isinstance(ev, dp_accounting.SelfComposedDpEvent):
+        return int(ev.count) * _leaf_events(ev.event)
     return 1
 
 
@@ -605,8 +609,10 @@ def run_spreading(cfg, ctx, data, world_accountant, parties=None):
 
 
 def _has_support_event(resp) -> bool:
-    ev = getattr(resp, "event", None)
-    return bool(ev) and ev.get("type") == "composed" and len(ev["events"]) > 1
+    """The response's booked event has a support part besides the value (aggregator plan order)."""
+    from fedmem.attacks.observable import support_events
+
+    return bool(support_events(resp))
 
 
 # ------------------------------------------------------------------------ (d) retries
