@@ -26,6 +26,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "dpmind": ("dpmind.niah",),
     "memview": ("memview.table2", "memview.table3", "memview.table4"),
 }
+FAMILIES["flower"], KINDS["flower"] = "fedmem.flower.experiment", ("flower.support_leak",)  # Flower engine (issue 10)
 
 
 def family_experiments(family: str) -> dict:

@@ -1,0 +1,261 @@
+"""Shards as Flower ClientApps, one query per round, SecAgg+ for the value channel.
+
+Pieces (Flower 1.42 legacy ``Strategy`` API + ``SecAggPlusWorkflow``):
+
+* :func:`build_world` (cached per process): the clustered shards
+  (``fedmem.bench.shards.make_clustered_shards``) and the membership candidates, built
+  deterministically from a small spec, so every Ray worker rebuilds the same data instead
+  of receiving it with each message.
+* :class:`ShardClient` (a ``NumPyClient``): one round = one query. Local selection: the
+  shard's top-k' by cosine score (ties to the lower index), kept if score >= threshold
+  (local threshold selection; **global top-k is out of scope for the Flower engine**:
+  it needs a selection across shards, which SecAgg+ cannot compute). It replies with the
+  clipped local sum and the local count, ``[sum (value_dim), count]``, encoded on the
+  SecAgg+ grid (:mod:`fedmem.flower.fixedpoint`). Contract ``"fedmem"``: always replies,
+  ``num_examples = k'`` (a public constant, also SecAgg+'s weight: exactly 1.0), no
+  metrics: the count travels only inside the masked vector. Contract ``"stock"``: the
+  Flower convention, ``num_examples = local count`` and ``metrics = {"matches": count}``
+  (papers/003's per-shard receipts, in plaintext to the server).
+* :class:`QueryStrategy`: sends round r's query in ``FitIns.config`` (bytes) with constant
+  zero parameters, and turns SecAgg+'s aggregate into the mean over the replies (decoding
+  the exact integer sum under the fedmem contract, kept in ``fixed_sums``).
+* :class:`Recorder`: the outermost wrapper, recording what the server strategy received
+  (reply set, num_examples, metrics) and what the wrapped strategy returned.
+
+The membership game's two neighbouring datasets are selected per round by
+``config["world"]`` (the target shard holds the candidate record only in world 1): a
+simulation shortcut so both worlds run in one Flower simulation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+
+import numpy as np
+from flwr.client import NumPyClient
+from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import Strategy
+
+from fedmem.bench.shards import make_clustered_shards, with_record
+from fedmem.flower.fixedpoint import SecAggGrid
+
+CONTRACTS = ("fedmem", "stock")
+
+
+@functools.lru_cache(maxsize=4)
+def _world_cached(spec_json: str):
+    s = json.loads(spec_json)
+    rng = np.random.default_rng(s["seed"])
+    data = make_clustered_shards(s["shards"], s["records_per_shard"], s["key_dim"], s["value_dim"], s["clip"],
+                                 rng, clusters=s["clusters"], spread=s["spread"])
+    trng = np.random.default_rng([s["seed"], 1])
+    targets = []
+    # Candidates: a record near the rarest topics, placed on a shard that does not hold that topic.
+    for t in range(s["targets"]):
+        topic = t % len(data.centers)
+        holders = {i for i in range(data.n_shards) if np.any(data.topics[i] == topic)}
+        free = [i for i in range(data.n_shards) if i not in holders] or list(range(data.n_shards))
+        shard = int(free[int(trng.integers(0, len(free)))])
+        key = data.centers[topic] + 0.05 * trng.standard_normal(data.key_dim) / math.sqrt(data.key_dim)
+        key = key / np.linalg.norm(key)
+        val = data.value_centers[topic] * 0.9 * s["clip"]
+        targets.append({"shard": shard, "key": key, "value": val, "topic": topic})
+    return data, targets
+
+
+def world_spec(*, seed: int, shards: int, records_per_shard: int, key_dim: int, value_dim: int, clip: float,
+               clusters: int, spread: float, targets: int) -> str:
+    return json.dumps(dict(seed=seed, shards=shards, records_per_shard=records_per_shard, key_dim=key_dim,
+                           value_dim=value_dim, clip=clip, clusters=clusters, spread=spread, targets=targets),
+                      sort_keys=True)
+
+
+def build_world(spec_json: str):
+    """``(ShardData, targets)`` of a spec (cached per process)."""
+    return _world_cached(spec_json)
+
+
+def shard_records(spec_json: str, shard: int, world: int, target: int):
+    """Keys and values of ``shard`` in the given world (world 1 adds target ``target``'s candidate)."""
+    data, targets = build_world(spec_json)
+    if world == 1 and 0 <= target < len(targets) and targets[target]["shard"] == shard:
+        t = targets[target]
+        data = with_record(data, shard, t["key"], t["value"])
+    return data.keys[shard], data.values[shard]
+
+
+def local_selection(keys, values, q, k_local: int, threshold: float) -> tuple[np.ndarray, int]:
+    """Local top-k' (ties to the lower index) kept if score >= threshold: (clipped sum, count)."""
+    scores = np.asarray(keys, dtype=np.float64) @ np.asarray(q, dtype=np.float64)
+    order = np.lexsort((np.arange(scores.size), -scores))[:k_local]
+    keep = order[scores[order] >= threshold]
+    return np.asarray(values, dtype=np.float64)[keep].sum(axis=0), int(keep.size)
+
+
+def client_vector(spec_json: str, shard: int, q, world: int, target: int, k_local: int, threshold: float,
+                  grid: SecAggGrid) -> np.ndarray:
+    """The shard's reply vector ``[sum, count]`` on the SecAgg+ grid."""
+    keys, values = shard_records(spec_json, shard, world, target)
+    s, c = local_selection(keys, values, q, k_local, threshold)
+    return grid.on_grid(np.r_[s, float(c)])
+
+
+def plaintext_fixed_sum(spec_json: str, q, world: int, target: int, k_local: int, threshold: float,
+                        grid: SecAggGrid, shards=None) -> np.ndarray:
+    """Reference: the integer sum of every shard's grid coordinates, computed in the clear."""
+    data, _ = build_world(spec_json)
+    ids = range(data.n_shards) if shards is None else shards
+    return sum(grid.encode(client_vector(spec_json, i, q, world, target, k_local, threshold, grid)) for i in ids)
+
+
+class ShardClient(NumPyClient):
+    """One shard (module docstring). ``drop``: {round: True} makes this client fail that round."""
+
+    def __init__(self, spec_json: str, shard: int, *, contract: str, k_local: int, threshold: float,
+                 grid: SecAggGrid, drop_rounds=(), offset_units: int = 0):
+        if contract not in CONTRACTS:
+            raise ValueError(f"contract must be one of {CONTRACTS}. Found {contract!r}.")
+        self.spec_json, self.shard, self.contract = spec_json, int(shard), contract
+        self.k_local, self.threshold, self.grid = int(k_local), float(threshold), grid
+        self.drop_rounds = set(drop_rounds)
+        self.offset_units = int(offset_units)
+
+    def fit(self, parameters, config):
+        rnd = int(config["round"])
+        if rnd in self.drop_rounds:
+            raise RuntimeError(f"shard {self.shard} dropped in round {rnd} (injected fault)")
+        q = np.frombuffer(config["query"], dtype=np.float64)
+        x = client_vector(self.spec_json, self.shard, q, int(config["world"]), int(config["target"]),
+                          self.k_local, self.threshold, self.grid)
+        c = int(round(x[-1]))
+        # Public offset (Flower DP only): Flower 1.42's fixedclipping_mod divides by the update's norm and
+        # raises ZeroDivisionError on an all-zero update (a shard with no match), so the client adds a
+        # public constant of `offset_units` grid steps per coordinate; the server subtracts it.
+        x = x + self.offset_units * self.grid.step
+        if self.contract == "fedmem":
+            return [x], self.k_local, {}
+        return [x], c, {"matches": c}
+
+
+def make_client_app(spec_json: str, *, contract: str, k_local: int, threshold: float, grid: SecAggGrid,
+                    flower_dp: bool = False, drops: dict | None = None, offset_units: int | None = None):
+    """A Flower ``ClientApp`` of shards with ``secaggplus_mod`` (and ``fixedclipping_mod`` for Flower DP).
+
+    ``drops``: {partition_id: [rounds]} clients that fail (raise) in those rounds.
+    """
+    from flwr.client import ClientApp
+    from flwr.client.mod import fixedclipping_mod, secaggplus_mod
+
+    drops = {int(k): tuple(v) for k, v in (drops or {}).items()}
+    offset = (1 if flower_dp else 0) if offset_units is None else int(offset_units)
+
+    def client_fn(context):
+        pid = int(context.node_config["partition-id"])
+        return ShardClient(spec_json, pid, contract=contract, k_local=k_local, threshold=threshold, grid=grid,
+                           drop_rounds=drops.get(pid, ()), offset_units=offset).to_client()
+
+    mods = [secaggplus_mod] + ([fixedclipping_mod] if flower_dp else [])
+    return ClientApp(client_fn=client_fn, mods=mods)
+
+
+class QueryStrategy(Strategy):
+    """One query per fit round over all ``num_clients`` nodes (module docstring).
+
+    ``rounds``: list of ``{"query": vector, "world": 0|1, "target": int}``.
+    """
+
+    def __init__(self, rounds, *, num_clients: int, value_dim: int, grid: SecAggGrid, contract: str,
+                 offset_units: int = 0):
+        super().__init__()
+        self.rounds = list(rounds)
+        self.num_clients = int(num_clients)
+        self.value_dim = int(value_dim)
+        self.grid = grid
+        self.contract = contract
+        self.offset_units = int(offset_units)
+        self.fixed_sums: dict[int, np.ndarray] = {}
+        self._zero = ndarrays_to_parameters([np.zeros(self.value_dim + 1)])
+
+    def __repr__(self) -> str:
+        return f"QueryStrategy(rounds={len(self.rounds)}, num_clients={self.num_clients}, contract={self.contract!r})"
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return self._zero
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
+        r = self.rounds[server_round - 1]
+        clients = client_manager.sample(self.num_clients, min_num_clients=self.num_clients)
+        cfg = {"query": np.asarray(r["query"], dtype=np.float64).tobytes(), "world": int(r.get("world", 0)),
+               "target": int(r.get("target", -1)), "round": int(server_round)}
+        return [(c, FitIns(self._zero, dict(cfg))) for c in clients]
+
+    def aggregate_fit(self, server_round: int, results, failures):
+        if not results:
+            return None, {}
+        # SecAggPlusWorkflow gives every result the same aggregate (the weighted mean).
+        agg = parameters_to_ndarrays(results[0][1].parameters)[0].astype(np.float64)
+        if self.contract == "fedmem":
+            fixed = self.grid.decode_mean(agg, len(results)) - self.offset_units * len(results)
+            self.fixed_sums[server_round] = fixed
+            agg = self.grid.to_float(fixed) / len(results)
+        else:
+            agg = agg - self.offset_units * self.grid.step
+        return ndarrays_to_parameters([agg]), {}
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        return []
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        return None, {}
+
+    def evaluate(self, server_round, parameters):
+        return None
+
+
+class Recorder(Strategy):
+    """Outermost wrapper: records the server's view (inputs) and the released output of each fit round."""
+
+    def __init__(self, strategy: Strategy):
+        super().__init__()
+        self.strategy = strategy
+        self.records: dict[int, dict] = {}
+
+    def __repr__(self) -> str:
+        return f"Recorder({self.strategy!r})"
+
+    def initialize_parameters(self, client_manager):
+        return self.strategy.initialize_parameters(client_manager)
+
+    def configure_fit(self, server_round, parameters, client_manager):
+        ins = self.strategy.configure_fit(server_round, parameters, client_manager)
+        self.records[server_round] = {"round": server_round, "sampled": len(ins), "replied": [], "num_examples": [],
+                                      "metrics": [], "failures": 0, "output": None, "configured": bool(ins),
+                                      "t_configured": time.perf_counter()}
+        return ins
+
+    def aggregate_fit(self, server_round, results, failures):
+        rec = self.records.setdefault(server_round, {"round": server_round, "sampled": 0, "output": None,
+                                                     "configured": False})
+        rec["replied"] = [int(p.node_id) for p, _ in results]
+        rec["num_examples"] = [int(r.num_examples) for _, r in results]
+        rec["metrics"] = [dict(r.metrics or {}) for _, r in results]
+        rec["failures"] = len(failures)
+        rec["t_replied"] = time.perf_counter()
+        params, metrics = self.strategy.aggregate_fit(server_round, results, failures)
+        rec["output"] = None if params is None else parameters_to_ndarrays(params)[0].astype(np.float64)
+        rec["output_metrics"] = dict(metrics or {})
+        return params, metrics
+
+    def configure_evaluate(self, server_round, parameters, client_manager):
+        return self.strategy.configure_evaluate(server_round, parameters, client_manager)
+
+    def aggregate_evaluate(self, server_round, results, failures):
+        return self.strategy.aggregate_evaluate(server_round, results, failures)
+
+    def evaluate(self, server_round, parameters):
+        return self.strategy.evaluate(server_round, parameters)

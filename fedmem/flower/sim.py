@@ -1,0 +1,159 @@
+"""Run one deployment as a Flower simulation (``run_simulation``, Ray backend) in a fresh process.
+
+Flower 1.42's Ray backend calls ``ray.init`` itself when Ray is not initialised and
+**always** ``ray.shutdown()`` when the simulation ends (``RayBackend.terminate``). Inside
+a process that already uses Ray (a test session, a ``fedmem run`` of another kind) that
+would tear the caller's Ray down, so every simulation runs in a spawned child process,
+where Flower starts a private local Ray (``fedmem._ray.local_options``: ``address="local"``,
+the given CPUs, no dashboard) exactly as it normally does, and stops it.
+
+:func:`simulate` takes a plain dict (picklable) and returns plain data: the
+:class:`~fedmem.flower.apps.Recorder` records, the gateway's audit, the decoded SecAgg+
+sums, and the accountant's spend (the ledger is a durable SQLite file the parent can
+reopen). Deployments (``spec["deployment"]``):
+
+* ``"stock"``: Flower + SecAgg+ + Flower's ``DifferentialPrivacyClientSideFixedClipping``
+  (``fixedclipping_mod`` on clients), stock client contract (``num_examples`` = local
+  count, ``metrics = {"matches": count}``). No accountant (Flower has none).
+* ``"gateway"``: the same plus :class:`~fedmem.flower.gateway.SupportGatewayStrategy`
+  outside it and the fedmem client contract; ``spec["dp"]`` selects Flower's DP wrapper
+  (``"flower"``) or fedmem's noise (``"fedmem"``).
+* ``"gateway_stock_clients"``: the gateway in front of stock clients (it must refuse
+  every round: ``num_examples`` is an exact channel).
+* ``"plain"``: SecAgg+ only, fedmem contract, no DP and no gateway (for the bit-exact test).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+
+import numpy as np
+
+DEPLOYMENTS = ("stock", "gateway", "gateway_stock_clients", "plain")
+
+
+def _check(spec: dict) -> None:
+    if spec.get("deployment") not in DEPLOYMENTS:
+        raise ValueError(f"deployment must be one of {DEPLOYMENTS}. Found {spec.get('deployment')!r}.")
+    if spec.get("deployment") == "gateway" and spec.get("dp") not in ("flower", "fedmem"):
+        raise ValueError(f"dp must be 'flower' or 'fedmem' for the gateway deployment. Found {spec.get('dp')!r}.")
+
+
+def _run(spec: dict) -> dict:
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    import logging
+
+    from flwr.app import Context
+    from flwr.server import LegacyContext, ServerApp, ServerConfig
+    from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping
+    from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+    from flwr.simulation import run_simulation
+
+    from fedmem._ray import local_options
+    from fedmem.dp import Accountant, DurableStore
+    from fedmem.flower.apps import QueryStrategy, Recorder, make_client_app
+    from fedmem.flower.fixedpoint import SecAggGrid
+    from fedmem.flower.gateway import SupportGatewayStrategy
+
+    logging.getLogger("flwr").setLevel(spec.get("flwr_log_level", logging.WARNING))
+    dep = spec["deployment"]
+    grid = SecAggGrid(spec["clipping_range"])
+    m = spec["shards"]
+    contract = "stock" if dep in ("stock", "gateway_stock_clients") else "fedmem"
+    rounds = [{"query": np.asarray(r["query"]), "world": r.get("world", 0), "target": r.get("target", -1)}
+              for r in spec["rounds"]]
+    flower_dp = dep == "stock" or (dep == "gateway" and spec["dp"] == "flower") or dep == "gateway_stock_clients"
+    offset = 1 if flower_dp else 0
+    query = QueryStrategy(rounds, num_clients=m, value_dim=spec["value_dim"], grid=grid, contract=contract,
+                          offset_units=offset)
+    inner = query
+    if flower_dp:
+        inner = DifferentialPrivacyClientSideFixedClipping(query, noise_multiplier=spec["flower_sigma"],
+                                                           clipping_norm=spec["flower_clip"], num_sampled_clients=m)
+    gw = None
+    if dep in ("gateway", "gateway_stock_clients"):
+        acc = Accountant(spec.get("accountant", "rdp"), store=DurableStore(spec["ledger"]), name=spec["ledger_name"])
+        kw = dict(num_sampled_clients=m, public_num_examples=spec["k_local"] if contract == "fedmem" else None,
+                  epsilon_budget=spec["epsilon_budget"], total_epsilon_budget=spec["total_epsilon_budget"],
+                  delta=spec["delta"], sensitivity=spec["sensitivity"])
+        if flower_dp:
+            gw = SupportGatewayStrategy(inner, acc, dp="flower", **kw)
+        else:
+            gw = SupportGatewayStrategy(inner, acc, dp="fedmem", noise_multiplier=spec["sigma"],
+                                        rng=np.random.default_rng(spec["noise_seed"]), **kw)
+        inner = gw
+    top = Recorder(inner)
+
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid_, context: Context) -> None:
+        ctx = LegacyContext(context=context, config=ServerConfig(num_rounds=len(rounds)), strategy=top)
+        wf = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(num_shares=spec["num_shares"],
+                                                             reconstruction_threshold=spec["reconstruction_threshold"],
+                                                             clipping_range=grid.clipping_range,
+                                                             quantization_range=grid.quantization_range,
+                                                             modulus_range=grid.modulus_range,
+                                                             max_weight=float(spec["k_local"]),
+                                                             timeout=spec.get("timeout_s")))
+        wf(grid_, ctx)
+
+    client_app = make_client_app(spec["world"], contract=contract, k_local=spec["k_local"],
+                                 threshold=spec["threshold"], grid=grid, flower_dp=flower_dp,
+                                 drops=spec.get("drops"), offset_units=offset)
+    init_args = local_options(spec.get("num_cpus", 2))
+    init_args.pop("log_to_driver", None)
+    backend = {"init_args": {**init_args, "log_to_driver": False},
+               "client_resources": {"num_cpus": spec.get("client_cpus", 0.5), "num_gpus": 0.0}}
+    t0 = time.perf_counter()
+    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=m, backend_config=backend)
+    wall = time.perf_counter() - t0
+    out = {"records": [top.records[k] for k in sorted(top.records)], "fixed_sums": query.fixed_sums,
+           "wall_s": wall, "gateway": None}
+    if gw is not None:
+        out["gateway"] = {"audit": [r.__dict__ for r in gw.audit], "principal": gw.principal,
+                          "multiplier": gw.multiplier, "epsilon_per_round": gw.epsilon_per_round,
+                          "spent": gw.gateway.principal_spent(gw.principal),
+                          "total_spent": gw.gateway.accountant.spent(spec["delta"]) if gw.gateway.accountant.count
+                          else 0.0}
+        for a in out["gateway"]["audit"]:
+            a["bookings"] = [b.__dict__ for b in a["bookings"]]
+    return out
+
+
+def _child(spec: dict, conn) -> None:
+    try:
+        conn.send(("ok", _run(spec)))
+    except BaseException as e:  # noqa: BLE001 - report everything to the parent
+        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+    finally:
+        conn.close()
+
+
+def simulate(spec: dict, timeout_s: float = 600.0) -> dict:
+    """Run one deployment in a spawned process (module docstring); ``RuntimeError`` if it fails."""
+    _check(spec)
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(spec, child), daemon=False)
+    p.start()
+    child.close()
+    try:
+        if not parent.poll(timeout_s):
+            raise RuntimeError(f"Flower simulation did not finish within timeout_s={timeout_s!r}.")
+        try:
+            status, payload = parent.recv()
+        except EOFError:
+            status, payload = "error", f"the simulation process died (exit code {p.exitcode})"
+    finally:
+        p.join(timeout=60)
+        if p.is_alive():
+            p.terminate()
+            p.join(timeout=10)
+    if status != "ok":
+        raise RuntimeError(f"Flower simulation failed: {payload}")
+    return payload
