@@ -13,7 +13,7 @@ import pytest
 import fedmem.embeddings as E
 from fedmem.agent.llm import ECHO_MARK, TemplateResponder
 from fedmem.agent.memview.baselines import output_filter, run_method
-from fedmem.agent.memview.experiment import EXPERIMENTS, _auc_ceiling
+from fedmem.agent.memview.experiment import EXPERIMENTS, UTILITY_COLUMNS, _auc_ceiling, _states_only_true_facts
 from fedmem.attacks.memview_auditor import audit, prefix_features
 from fedmem.bench import pairedmem as pm
 from fedmem.errors import ScenarioError
@@ -166,7 +166,21 @@ def test_table2_small_run_orders_methods(tmp_path, monkeypatch):
         assert m[dp]["booked_max"] <= 2.0 + 1e-12
         assert m[dp]["tRec"] > m["GenericOnly"]["tRec"]
     assert res.ok and not any(c["violated"] for c in res.metrics["ceiling"].values())
-    assert "paper AUC" in res.tables[0].columns
+    assert {"paper AUC", "AUC view-LR [CI]", "U strict"} <= set(res.tables[0].columns)
+    for name, r in m.items():
+        for key in ("auc", "view_auc", "count_auc"):
+            lo, hi = r[f"{key}_ci"]
+            assert lo <= r[key] <= hi, (name, key)
+        parts = [r[k] for k in ("relevance", "correctness", "personalisation", "focus")]
+        assert all(0 <= x <= 1 for x in parts) and r["U"] == pytest.approx(np.mean(parts))
+        assert r["correctness"] >= r["correctness_strict"] and r["U"] >= r["U_strict"]
+    for name in ("GenericOnly", "TypedMask"):  # identical conditioning: every auditor at chance
+        assert m[name]["view_auc"] == m[name]["count_auc"] == 0.5
+    assert m["RawReadSet"]["count_auc"] > 0.9  # the exhibited modes reveal raw memory too
+    # a DP mode that picks unsupported views is an error only under the strict rule
+    dp = m["DP-MemView (on)"]
+    assert dp["correctness"] == 1.0 > dp["correctness_strict"]
+    assert any(t.title.startswith("Utility decomposition") for t in res.tables)
 
 
 def test_table4_small_run_reports_bounds(tmp_path, monkeypatch):
@@ -176,14 +190,21 @@ def test_table4_small_run_reports_bounds(tmp_path, monkeypatch):
     assert v["IncompleteCharge"]["reconstructed_max"] > 2.0 >= v["IncompleteCharge"]["booked_max"]
     assert v["DP-MemView (on)"]["reconstructed_max"] <= 2.0 + 1e-12
     assert v["CappedArgmax"]["auc"] > v["DP-MemView (on)"]["auc"]
+    assert v["CappedArgmax"]["view_auc_ci"][0] > v["DP-MemView (on)"]["view_auc_ci"][1]
+    diff = next(t for t in res.tables if t.title.startswith("Extra leakage"))
+    verdict = {(row[0], row[1]): row[3] for row in diff.rows}
+    assert verdict[("CappedArgmax", "view")] == "yes"
+    assert set(UTILITY_COLUMNS) <= set(v["NoCap"])
 
 
-def test_scenarios_validate_and_reject_bad_keys():
-    for k in (2, 3, 4):
-        load_scenario(f"scenarios/memview_table{k}.toml")
-    with pytest.raises(ScenarioError) as exc:
-        load_scenario("scenarios/memview_table2.toml", ["data.pairs=30", "run.methods=['Magic']",
-                                                        "audit.prefixes=[40]", "budget.bogus=1"])
-    text = str(exc.value)
-    for key in ("run.methods", "budget.bogus"):
-        assert key in text
+def test_judge_like_correctness_penalises_false_user_facts_only():
+    from fedmem.agent.llm import ECHO_MARK
+
+    p = pm.generate(16, np.random.default_rng(0), turns=16)[0]
+    m, n = p.stores["M"], p.stores["M'"]
+    phrase = next(ph for ph in pm.LEXICON[p.target]
+                  if any(ph in x.lower() for x in m.items) and not any(ph in x.lower() for x in n.items))
+    echo = f"Try this. {ECHO_MARK} {phrase}, I took that into account. Hope this helps."
+    assert _states_only_true_facts(echo, m)
+    assert _states_only_true_facts("Batch-cook beans and rice. Hope this helps.", n)  # benign view, no user fact
+    assert not _states_only_true_facts(echo, n)  # companion: the same statement is false about M'

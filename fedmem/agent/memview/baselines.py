@@ -58,6 +58,8 @@ class Transcript:
     target_spent: float = 0.0  # operational ledger L_target at the end
     target_reconstructed: float = 0.0  # complete-charging cost of the target attribute
     identical_conditioning: bool = False
+    views: list | None = None  # per turn, released (slot, view) pairs; None for memory-text methods
+    fallbacks: list | None = None  # per turn, True when a slot fell back to generic (observable control c_t)
 
 
 def run_method(method: str, pair, side: str, responder, *, turns: int, cap: float, K: int,
@@ -93,8 +95,11 @@ def run_method(method: str, pair, side: str, responder, *, turns: int, cap: floa
         elif method == "NoCap":
             kwargs.update(enforce_cap=False, unsafe_ablation="C5")
         iface = MemViewInterface(policy, store, scorer, **kwargs)
+        out.views, out.fallbacks = [], []
         for q in queries:
             rel = iface.answer(q)
+            out.views.append(rel.views)
+            out.fallbacks.append(any(rel.control))
             out.responses.append(respond(q, views=tuple((s, v, desc(s, v)) for s, v in rel.views)))
         out.target_spent = iface.spent()[pair.target]
         out.target_reconstructed = iface.reconstructed_spent()[pair.target]
@@ -108,6 +113,7 @@ def run_method(method: str, pair, side: str, responder, *, turns: int, cap: floa
         if method == "GenericOnly":
             views = tuple((s, policy.vocabularies[s].generic.name, policy.vocabularies[s].generic.description)
                           for s in policy.route(q))
+            out.views = (out.views or []) + [tuple((s, v) for s, v, _ in views)]
             out.responses.append(respond(q, views=views))
             out.identical_conditioning = True
             continue

@@ -2,29 +2,47 @@
 
 One pipeline: generate PairedMem pairs (``fedmem.bench.pairedmem``), run every method on
 both stores of every pair with the same trajectory (EM methods once per seed), turn the
-released inputs into text with the responder, embed the responses, audit with
-per-attribute calibrated logistic regressions (macro-AUC, TPR@5%FPR), and compute the
+released inputs into text with the responder, audit the transcripts, and compute the
 programmatic utility metrics tRec / Unsup / U from the deterministic gold behaviours.
+
+Auditors (``fedmem.attacks.memview_auditor``), each per attribute, on held-out test pairs:
+
+* **embedding** (the paper's): MiniLM prefix embeddings, logistic regression, Platt
+  calibration with a positive slope.
+* **view-LR**: likelihood ratio of the released views given the public turn context
+  (slot, read set meets ``I_a``, fallback), trained on the train split only. Memory-text
+  methods have no released view; their transcripts are read as the modes the response
+  exhibits.
+* **count**: untrained number of target-supported views on turns whose read set meets ``I_a``.
+
+AUCs are the seed mean of the macro-AUC with a pair-level bootstrap interval; Table 4
+adds the paired difference of each ablation to the compliant interface.
 
 Utility without an LLM judge (differs from the paper's Claude judge, see docs/memview.md):
 
 * **tRec**: on ``M``, over target-relevant turns, the fraction whose response exhibits a
   target-specific view of the active slot (the target-required behaviour).
 * **Unsup**: the same behaviour on ``M'``, where the store does not support it.
-* **U**: mean over turns and both stores of four 0/1-ish checks: relevance (public
-  ``r(q, v)`` of the exhibited modes), correctness (no exhibited mode unsupported by the
-  store), personalisation (a mode the read set supports is exhibited, or none is
-  supported and none exhibited), focus (at most one mode and no memory echo).
+* **U** (judge-like): mean over turns and both stores of relevance (public ``r(q, v)`` of
+  the exhibited modes), correctness (every user fact the response states is in the
+  store; a benign view the store does not support is not an error), personalisation (a
+  mode the read set supports is exhibited; 1 when the read set supports none) and focus
+  (at most one mode and no memory echo).
+* **U_strict**: the same with correctness = no exhibited mode unsupported by the store,
+  and personalisation = 0 for any mode when the read set supports none. Both and their
+  components are reported.
 
 DP ceiling (hard check): for each DP method and its booked (or reconstructed) epsilon,
 pure eps-DP bounds every test by ``TPR <= min(e^eps FPR, 1 - e^-eps (1 - FPR))``; the
-pooled test scores give TPR@5%FPR with a Clopper-Pearson interval and AUC with a
-bootstrap interval; a lower confidence bound above the ceiling marks the run failed.
+pooled per-transcript test scores of the embedding and the view-LR auditor give
+TPR@5%FPR with a Clopper-Pearson interval and AUC with a bootstrap interval; a lower
+confidence bound above the ceiling marks the run failed.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import numpy as np
@@ -33,7 +51,8 @@ from fedmem.agent.llm import ECHO_MARK, OpenAICompatibleResponder, TemplateRespo
 from fedmem.agent.memview.baselines import ABLATIONS, ALL_METHODS, DP_METHODS, TABLE2_METHODS, VIOLATES, run_method
 from fedmem.agent.memview.scorer import PaperScorer, PhraseLexicon
 from fedmem.attacks.audit import auc_ci, clopper_pearson, dp_roc_ceiling, roc_auc, tpr_at_fpr
-from fedmem.attacks.memview_auditor import audit, prefix_features
+from fedmem.attacks.memview_auditor import (CALIBRATIONS, audit, macro_auc_ci, paired_auc_difference, prefix_features,
+                                           view_audit, view_events)
 from fedmem.bench import pairedmem as pm
 from fedmem.dp import DurableStore
 from fedmem.report import Result, Table
@@ -78,6 +97,9 @@ _COMMON = {
         "alpha": Param(float, 0.05, "confidence level of the ceiling-check intervals", check=open_unit),
         "n_boot": Param(int, 400, "bootstrap resamples of the AUC interval", check=at_least(10)),
         "C": Param(float, 1.0, "inverse L2 regularisation of the auditor", check=positive),
+        "calibration": Param(str, "platt", "embedding-auditor calibration: Platt with slope > 0, or none (raw)",
+                             choices=CALIBRATIONS),
+        "smoothing": Param(float, 1.0, "pseudo-counts of the view likelihood-ratio auditor", check=positive),
     },
     "responder": {
         "kind": Param(str, "template", "response model", choices=("template", "openai")),
@@ -159,7 +181,10 @@ class Bench:
         return out
 
     def utility(self, runs) -> dict:
-        trec, unsup, u = [], [], []
+        """tRec, Unsup and U with its decomposition, strict and judge-like (module docstring)."""
+        trec, unsup = [], []
+        parts = {k: [] for k in ("relevance", "correctness", "correctness_strict", "personalisation",
+                                 "personalisation_strict", "focus")}
         for pair, sides in zip(self.pairs, runs):
             for side, tr in sides.items():
                 tags = pm.store_tags(pair, side)
@@ -170,70 +195,137 @@ class Bench:
                     if turn.qtype == "target":
                         hit = float(bool(modes & pm.target_views(pair, slot)))
                         (trec if side == "M" else unsup).append(hit)
-                    rel = np.mean([pair.policy.relevance(q, slot, m) for m in modes]) if modes \
-                        else pair.policy.relevance(q, slot, pair.policy.vocabularies[slot].generic.name)
-                    correct = float(all(self.book.modes[m].tags & tags for m in modes))
+                    parts["relevance"].append(
+                        np.mean([pair.policy.relevance(q, slot, m) for m in modes]) if modes
+                        else pair.policy.relevance(q, slot, pair.policy.vocabularies[slot].generic.name))
+                    # strict: any mode the store does not support is an error
+                    parts["correctness_strict"].append(float(all(self.book.modes[m].tags & tags for m in modes)))
+                    # judge-like: only a false statement about the user is an error; the template
+                    # responder states user facts only by echoing the store's own sentences
+                    parts["correctness"].append(float(_states_only_true_facts(text, pair.stores[side])))
                     supported = pm.supported_views(pair, side, q)[slot]
-                    personal = float(bool(modes & supported)) if supported else float(not modes)
-                    focus = 1.0 if len(modes) <= 1 and ECHO_MARK not in text else 0.5
-                    u.append((rel + correct + personal + focus) / 4.0)
-        return {"tRec": float(np.mean(trec)), "Unsup": float(np.mean(unsup)), "U": float(np.mean(u))}
+                    parts["personalisation_strict"].append(float(bool(modes & supported)) if supported
+                                                           else float(not modes))
+                    # judge-like: with nothing to personalise from, a benign unsupported view is no error
+                    parts["personalisation"].append(float(bool(modes & supported)) if supported else 1.0)
+                    parts["focus"].append(1.0 if len(modes) <= 1 and ECHO_MARK not in text else 0.5)
+        out = {k: float(np.mean(v)) for k, v in parts.items()}
+        out["tRec"], out["Unsup"] = float(np.mean(trec)), float(np.mean(unsup))
+        out["U"] = (out["relevance"] + out["correctness"] + out["personalisation"] + out["focus"]) / 4.0
+        out["U_strict"] = (out["relevance"] + out["correctness_strict"] + out["personalisation_strict"]
+                           + out["focus"]) / 4.0
+        return out
+
+    def _released(self, pair, tr):
+        """Per turn released (slot, view) pairs and fallback flags: the interface's release
+        where there is one, else the modes the response exhibits (memory-text methods)."""
+        if tr.views is not None:
+            return tr.views, tr.fallbacks
+        views = [tuple((self.book.modes[m].slot, m) for m in sorted(self.book.exhibited_modes(text)))
+                 for text in tr.responses]
+        return views, None
 
     def audit_runs(self, runs) -> dict:
-        """prefix -> AuditResult for one set of transcripts."""
+        """auditor -> prefix -> AuditResult for one set of transcripts.
+
+        ``"embedding"``: the paper's calibrated MiniLM auditor; ``"view"``: the
+        likelihood-ratio auditor on the released views (trained on the train split);
+        ``"count"``: the untrained target-view count.
+        """
+        T = self.cfg.data.turns
+        attrs = [p.target for p in self.pairs]
+        splits = [p.split for p in self.pairs]
+        t0 = time.perf_counter()
+        events = {"M": [], "M'": []}
+        for pair, sides in zip(self.pairs, runs):
+            for side in events:
+                views, fallbacks = self._released(pair, sides[side])
+                events[side].append(view_events(pair.policy, pair.target, pair.queries[:T], views, fallbacks))
+        res = {"embedding": {}, "view": {}, "count": {}}
+        for prefix in self.cfg.audit.prefixes:
+            res["view"][prefix] = view_audit(events["M"], events["M'"], attrs, splits, prefix,
+                                             smoothing=self.cfg.audit.smoothing)
+            res["count"][prefix] = view_audit(events["M"], events["M'"], attrs, splits, prefix, method="count")
+        self._tick("view auditors", t0)
         t0 = time.perf_counter()
         texts = [t for sides in runs for side in ("M", "M'") for t in sides[side].responses]
         emb = self.embedder.embed(texts)
         self._tick("embed responses", t0)
         t0 = time.perf_counter()
-        T = self.cfg.data.turns
         emb = emb.reshape(len(runs), 2, T, -1)
-        attrs = [p.target for p in self.pairs]
-        splits = [p.split for p in self.pairs]
-        res = {}
         for prefix in self.cfg.audit.prefixes:
             fm = prefix_features(emb[:, 0], prefix)
             fn = prefix_features(emb[:, 1], prefix)
-            res[prefix] = audit(fm, fn, attrs, splits, prefix, C=self.cfg.audit.C)
+            res["embedding"][prefix] = audit(fm, fn, attrs, splits, prefix, C=self.cfg.audit.C,
+                                             calibration=self.cfg.audit.calibration)
         self._tick("auditor fit + eval", t0)
         return res
 
     def evaluate(self, method: str, cap: float, K: int) -> dict:
-        """Metrics of one method, averaged over seeds for the EM methods (paper C.5)."""
+        """Metrics of one method, averaged over seeds for the EM methods (paper C.5).
+
+        AUCs are the mean over seeds of the macro-AUC over attributes, with a 95%
+        pair-level bootstrap interval (test pairs resampled within attributes, all seeds
+        of a pair kept together; the auditor fits are held fixed).
+        """
         seeds = list(self.cfg.run.seeds) if method in DP_METHODS else [0]
-        per_seed, pooled_pos, pooled_neg = [], [], []
-        spent, recon = [], []
+        per_seed, spent, recon = [], [], []
         identical = False
         for seed in seeds:
             runs = self.transcripts(method, seed, cap, K)
             identical = all(r["M"].identical_conditioning for r in runs)
-            audits = self.audit_runs(runs)
-            util = self.utility(runs)
-            main = audits[self.cfg.audit.prefixes[0]]
-            p, n = main.pooled()
-            pooled_pos.append(p)
-            pooled_neg.append(n)
+            per_seed.append({"util": self.utility(runs), "audits": self.audit_runs(runs)})
             spent += [r["M"].target_spent for r in runs] + [r["M'"].target_spent for r in runs]
             recon += [r["M"].target_reconstructed for r in runs] + [r["M'"].target_reconstructed for r in runs]
-            per_seed.append({"util": util, "audits": audits})
         out = {"method": method, "cap": cap, "K": K, "seeds": seeds, "identical": identical}
-        for key in ("tRec", "Unsup", "U"):
+        for key in per_seed[0]["util"]:
             out[key] = float(np.mean([s["util"][key] for s in per_seed]))
-        out["by_prefix"] = {}
-        for prefix in self.cfg.audit.prefixes:
-            out["by_prefix"][prefix] = {
-                "auc": float(np.mean([s["audits"][prefix].macro_auc for s in per_seed])),
-                "tpr5": float(np.mean([s["audits"][prefix].macro_tpr5 for s in per_seed])),
-                "auc_per_attr": {a: float(np.mean([s["audits"][prefix].auc[a] for s in per_seed]))
-                                 for a in pm.ATTRIBUTES},
-            }
-        main = out["by_prefix"][self.cfg.audit.prefixes[0]]
-        out["auc"], out["tpr5"] = main["auc"], main["tpr5"]
+        T0 = self.cfg.audit.prefixes[0]
+        out["auditors"], out["pooled"] = {}, {}
+        for name in AUDITORS:
+            by_prefix = {}
+            for prefix in self.cfg.audit.prefixes:
+                results = [s["audits"][name][prefix] for s in per_seed]
+                est, lo, hi = macro_auc_ci(results, alpha=self.cfg.audit.alpha, n_boot=self.cfg.audit.n_boot,
+                                           rng=self.ctx.rng("auc-ci", name, method, cap, K, prefix))
+                by_prefix[prefix] = {
+                    "auc": est, "auc_ci": (lo, hi), "tpr5": float(np.mean([r.macro_tpr5 for r in results])),
+                    "auc_per_attr": {a: float(np.mean([r.auc[a] for r in results])) for a in pm.ATTRIBUTES},
+                    "clamped_calibrations": int(sum(r.clamped for r in results)),
+                    "n_test_pairs": int(sum(len(v) for v in results[0].pos_scores.values())),
+                }
+            out["auditors"][name] = by_prefix
+            pooled = [s["audits"][name][T0].pooled() for s in per_seed]
+            out["pooled"][name] = (np.concatenate([p for p, _ in pooled]), np.concatenate([n for _, n in pooled]))
+        out["by_prefix"] = out["auditors"]["embedding"]
+        main = out["by_prefix"][T0]
+        out["auc"], out["auc_ci"], out["tpr5"] = main["auc"], main["auc_ci"], main["tpr5"]
+        view = out["auditors"]["view"][T0]
+        out["view_auc"], out["view_auc_ci"], out["view_tpr5"] = view["auc"], view["auc_ci"], view["tpr5"]
+        count = out["auditors"]["count"][T0]
+        out["count_auc"], out["count_auc_ci"] = count["auc"], count["auc_ci"]
+        out["_per_seed"] = [s["audits"] for s in per_seed]  # auditor -> prefix -> AuditResult, per seed
         out["booked_max"] = float(max(spent)) if spent else 0.0
         out["reconstructed_max"] = float(max(recon)) if recon else 0.0
         out["reconstructed_mean"] = float(np.mean(recon)) if recon else 0.0
-        out["pooled"] = (np.concatenate(pooled_pos), np.concatenate(pooled_neg))
         return out
+
+
+AUDITORS = ("embedding", "view", "count")
+
+
+_ECHO = re.compile(re.escape(ECHO_MARK) + r" (.+?), I took that into account\.")
+
+
+def _echoed(text: str) -> list[str]:
+    """Memory phrases a response states about the user (``Since you mentioned ...``)."""
+    return _ECHO.findall(text)
+
+
+def _states_only_true_facts(text: str, store) -> bool:
+    """Judge-like correctness: every user fact the response states is in the store."""
+    low = [m.lower() for m in store.items]
+    return all(any(e.lower() in m for m in low) for e in _echoed(text))
 
 
 def _auc_ceiling(eps: float) -> float:
@@ -244,9 +336,12 @@ def _auc_ceiling(eps: float) -> float:
     return float(np.trapezoid(dp_roc_ceiling(f, eps), f))
 
 
-def ceiling_check(res: dict, eps: float, alpha: float, n_boot: int, rng) -> dict:
-    """Pooled TPR@5%FPR and AUC with intervals against the eps-DP ROC ceiling."""
-    pos, neg = res["pooled"]
+def ceiling_check(res: dict, eps: float, alpha: float, n_boot: int, rng, auditor: str = "embedding") -> dict:
+    """Pooled TPR@5%FPR and AUC with intervals against the eps-DP ROC ceiling.
+
+    Pools per-transcript scores (each one run of the mechanism) of ``auditor`` over
+    seeds and attributes; seed-averaged scores would be a test on several runs."""
+    pos, neg = res["pooled"][auditor]
     fpr_target = 0.05
     tpr = tpr_at_fpr(pos, neg, fpr_target)
     k = int(round(tpr * len(pos)))
@@ -276,7 +371,39 @@ def _ceiling_table(checks: dict, alpha: float) -> Table:
 
 
 def _metrics(r: dict) -> dict:
-    return {k: v for k, v in r.items() if k != "pooled"}
+    return {k: v for k, v in r.items() if k != "pooled" and not k.startswith("_")}
+
+
+def _ci(est: float, ci, mark: str = "") -> str:
+    return f"{est:.3f}{mark} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _checks(checks: dict, r: dict, name: str, eps: float, cfg, ctx, *key) -> None:
+    """Ceiling checks of one method for the embedding and the view likelihood auditors."""
+    for auditor in ("embedding", "view"):
+        checks[f"{name} / {auditor}"] = ceiling_check(r, eps, cfg.audit.alpha, cfg.audit.n_boot,
+                                                      ctx.rng("ceiling", name, auditor, *key), auditor)
+
+
+UTILITY_COLUMNS = ["relevance", "correctness", "correctness_strict", "personalisation", "personalisation_strict",
+                   "focus", "U", "U_strict"]
+
+
+def _utility_table(results: dict, title: str) -> Table:
+    return Table(title, ["method", "tRec", "Unsup", *UTILITY_COLUMNS],
+                 [[m, r["tRec"], r["Unsup"], *(r[k] for k in UTILITY_COLUMNS)] for m, r in results.items()],
+                 note="U = mean of relevance, correctness, personalisation, focus (judge-like: a benign view the "
+                      "store does not support is not an error; only a false statement about the user is). "
+                      "U_strict uses the *_strict columns (any unsupported mode is an error; personalisation also "
+                      "requires no mode when the read set supports none). No LLM judge: see docs/memview.md.")
+
+
+def _auditor_note(cfg) -> str:
+    return ("AUC columns: mean over EM seeds of the macro-AUC over the 4 attributes on held-out test pairs, "
+            f"with a {1 - cfg.audit.alpha:.0%} pair-level bootstrap interval ({cfg.audit.n_boot} resamples; auditor "
+            "fits held fixed). emb = MiniLM embedding auditor (Platt slope > 0); view-LR = likelihood ratio of the "
+            "released views given the public turn context, trained on the train split; count = untrained "
+            "number of target-supported views on turns whose read set meets I_a.")
 
 
 def _timing_section(bench) -> tuple[str, str]:
@@ -300,24 +427,37 @@ def run_table2(cfg, ctx) -> Result:
         results[method] = r
         paper = PAPER_T2.get(method)
         dag = "†" if r["identical"] else ""
-        rows.append([method, f"{r['auc']:.3f}{dag}", f"{r['tpr5']:.3f}{dag}", r["tRec"], r["U"], r["Unsup"],
+        rows.append([method, _ci(r["auc"], r["auc_ci"], dag), _ci(r["view_auc"], r["view_auc_ci"], dag),
+                     _ci(r["count_auc"], r["count_auc_ci"], dag), f"{r['tpr5']:.3f}{dag}",
+                     f"{r['view_tpr5']:.3f}{dag}", r["tRec"], r["U"], r["U_strict"], r["Unsup"],
                      *(paper if paper else ("-",) * 5)])
         if method in DP_METHODS or method == "CappedArgmax":
             eps = r["booked_max"] if method in ("DP-MemView (on)", "DP-MemView (pre)") else (
                 math.inf if method == "CappedArgmax" else r["reconstructed_max"])
-            checks[method] = ceiling_check(r, eps, cfg.audit.alpha, cfg.audit.n_boot, ctx.rng("ceiling", method))
-    tables = [Table(f"Table 2 (PairedMem, T={T}, B_a={cfg.budget.cap}, K={cfg.budget.K}): fedmem vs paper (Qwen2.5-7B)",
-                    ["method", "AUC", "TPR@5", "tRec", "U", "Unsup", "paper AUC", "paper TPR@5", "paper tRec",
-                     "paper U", "paper Unsup"], rows,
+            _checks(checks, r, method, eps, cfg, ctx)
+    n_test = results[next(iter(results))]["auditors"]["view"][T]["n_test_pairs"]
+    tables = [Table(f"Table 2 (PairedMem, T={T}, B_a={cfg.budget.cap}, K={cfg.budget.K}, {n_test} test pairs): "
+                    "fedmem vs paper (Qwen2.5-7B)",
+                    ["method", "AUC emb [CI]", "AUC view-LR [CI]", "AUC count [CI]", "TPR@5 emb", "TPR@5 view",
+                     "tRec", "U", "U strict", "Unsup", "paper AUC", "paper TPR@5", "paper tRec", "paper U",
+                     "paper Unsup"], rows,
                     note="† identical conditioning under M and M' (chance by construction). Responder: "
-                         f"{cfg.responder.kind}; utility is programmatic (no LLM judge), see docs/memview.md.")]
+                         f"{cfg.responder.kind}; utility is programmatic (no LLM judge), see docs/memview.md. "
+                         + _auditor_note(cfg)),
+              _utility_table(results, "Utility decomposition (per turn, both stores, mean over seeds)")]
     for prefix in cfg.audit.prefixes[1:]:
-        tables.append(Table(f"Macro-AUC at prefix T={prefix}", ["method", "AUC", "TPR@5"],
-                            [[m, r["by_prefix"][prefix]["auc"], r["by_prefix"][prefix]["tpr5"]]
+        tables.append(Table(f"Macro-AUC at prefix T={prefix}", ["method", "AUC emb [CI]", "TPR@5 emb",
+                                                                 "AUC view-LR [CI]"],
+                            [[m, _ci(r["by_prefix"][prefix]["auc"], r["by_prefix"][prefix]["auc_ci"]),
+                              r["by_prefix"][prefix]["tpr5"],
+                              _ci(r["auditors"]["view"][prefix]["auc"], r["auditors"]["view"][prefix]["auc_ci"])]
                              for m, r in results.items()]))
-    tables.append(Table("Per-attribute AUC at T=%d" % T, ["method", *pm.ATTRIBUTES],
-                        [[m, *(r["by_prefix"][T]["auc_per_attr"][a] for a in pm.ATTRIBUTES)]
-                         for m, r in results.items()]))
+    tables.append(Table("Per-attribute AUC at T=%d (emb / view-LR)" % T, ["method", *pm.ATTRIBUTES],
+                        [[m, *(f"{r['auditors']['embedding'][T]['auc_per_attr'][a]:.3f} / "
+                               f"{r['auditors']['view'][T]['auc_per_attr'][a]:.3f}" for a in pm.ATTRIBUTES)]
+                         for m, r in results.items()],
+                        note="Platt fits whose slope hit the positivity bound (all seeds): " + ", ".join(
+                            f"{m} {r['auditors']['embedding'][T]['clamped_calibrations']}" for m, r in results.items())))
     ok = True
     if checks:
         tables.append(_ceiling_table(checks, cfg.audit.alpha))
@@ -338,15 +478,16 @@ def run_table3(cfg, ctx) -> Result:
         key = (cap, K)
         if key not in done:
             done[key] = bench.evaluate(method, cap, K)
-            checks[f"B_a={cap:g}, K={K}"] = ceiling_check(done[key], done[key]["booked_max"], cfg.audit.alpha,
-                                                          cfg.audit.n_boot, ctx.rng("ceiling", cap, K))
+            _checks(checks, done[key], f"B_a={cap:g}, K={K}", done[key]["booked_max"], cfg, ctx, cap, K)
         r = done[key]
         paper = PAPER_T3_CAP.get(cap) if kind == "cap" else PAPER_T3_K.get(K)
         label = f"B_a={cap:g} (K={K})" if kind == "cap" else f"K={K} (B_a={cap:g})"
-        rows.append([label, cap / K, r["auc"], r["tpr5"], r["tRec"], r["Unsup"], *(paper or ("-",) * 3)])
+        rows.append([label, cap / K, _ci(r["auc"], r["auc_ci"]), _ci(r["view_auc"], r["view_auc_ci"]),
+                     _ci(r["count_auc"], r["count_auc_ci"]), r["tpr5"], r["tRec"], r["U"], r["Unsup"],
+                     *(paper or ("-",) * 3)])
     tables = [Table(f"Table 3: budget sensitivity of DP-MemView (on), T={cfg.audit.prefixes[0]}",
-                    ["setting", "eps_t,g", "AUC", "TPR@5", "tRec", "Unsup", "paper AUC", "paper tRec",
-                     "paper Unsup"], rows),
+                    ["setting", "eps_t,g", "AUC emb [CI]", "AUC view-LR [CI]", "AUC count [CI]", "TPR@5 emb", "tRec",
+                     "U", "Unsup", "paper AUC", "paper tRec", "paper Unsup"], rows, note=_auditor_note(cfg)),
               _ceiling_table(checks, cfg.audit.alpha)]
     ok = not any(c["violated"] for c in checks.values())
     metrics = {"settings": {f"{c}_{k}": _metrics(r) for (c, k), r in done.items()}, "ceiling": checks,
@@ -370,16 +511,35 @@ def run_table4(cfg, ctx) -> Result:
         relation = "<= B_a" if bound <= cfg.budget.cap + 1e-9 else "> B_a"
         paper = PAPER_T4.get(method)
         rows.append([method, VIOLATES.get(method, "-"), f"{_fmt_bound(bound)} {relation}",
-                     r["reconstructed_mean"], r["booked_max"], r["auc"], r["tpr5"], r["tRec"], r["U"], r["Unsup"],
-                     *(paper or ("-",) * 5)])
-        checks[method] = ceiling_check(r, bound, cfg.audit.alpha, cfg.audit.n_boot, ctx.rng("ceiling", method))
-    tables = [Table(f"Table 4: safeguard ablations (B_a={cfg.budget.cap}, K={cfg.budget.K}, T={cfg.audit.prefixes[0]})",
-                    ["variant", "violated", "target DP bound (max)", "mean reconstructed", "ledger max", "AUC",
-                     "TPR@5", "tRec", "U", "Unsup", "paper bound", "paper AUC", "paper tRec", "paper U",
-                     "paper Unsup"], rows,
+                     r["reconstructed_mean"], r["booked_max"], _ci(r["auc"], r["auc_ci"]),
+                     _ci(r["view_auc"], r["view_auc_ci"]), _ci(r["count_auc"], r["count_auc_ci"]), r["tpr5"],
+                     r["view_tpr5"], r["tRec"], r["U"], r["U_strict"], r["Unsup"], *(paper or ("-",) * 5)])
+        _checks(checks, r, method, bound, cfg, ctx)
+    T = cfg.audit.prefixes[0]
+    ref = results.get("DP-MemView (on)")
+    diff_rows = []
+    if ref is not None:
+        for method, r in results.items():
+            if method == "DP-MemView (on)":
+                continue
+            for name in AUDITORS:
+                d = paired_auc_difference([s[name][T] for s in r["_per_seed"]], [s[name][T] for s in ref["_per_seed"]],
+                                          alpha=cfg.audit.alpha, n_boot=cfg.audit.n_boot,
+                                          rng=ctx.rng("auc-diff", method, name))
+                diff_rows.append([method, name, _ci(d[0], d[1:]), "yes" if d[1] > 0 else "no"])
+    tables = [Table(f"Table 4: safeguard ablations (B_a={cfg.budget.cap}, K={cfg.budget.K}, T={T})",
+                    ["variant", "violated", "target DP bound (max)", "mean reconstructed", "ledger max",
+                     "AUC emb [CI]", "AUC view-LR [CI]", "AUC count [CI]", "TPR@5 emb", "TPR@5 view", "tRec", "U",
+                     "U strict", "Unsup", "paper bound", "paper AUC", "paper tRec", "paper U", "paper Unsup"], rows,
                     note="DP bound: booked ledger for the compliant interface; reconstructed complete-charging cost "
                          "of the target attribute (max over pairs, stores, seeds) for IncompleteCharge and NoCap; "
-                         "infinite for CappedArgmax (no finite pure-DP bound)."),
+                         "infinite for CappedArgmax (no finite pure-DP bound). " + _auditor_note(cfg)),
+              Table("Extra leakage over the compliant interface (same test pairs)",
+                    ["variant", "auditor", f"AUC(variant) - AUC(DP-MemView (on)) [{1 - cfg.audit.alpha:.0%} CI]",
+                     "measurably more"], diff_rows,
+                    note="Pair-level bootstrap of the difference of seed-mean macro-AUCs (the same resampled test "
+                         "pairs for both; auditor fits held fixed)."),
+              _utility_table(results, "Utility decomposition (per turn, both stores, mean over seeds)"),
               _ceiling_table(checks, cfg.audit.alpha)]
     ok = not any(c["violated"] for c in checks.values() if not math.isinf(c["epsilon"]))
     metrics = {"variants": {m: _metrics(r) for m, r in results.items()}, "ceiling": checks,
