@@ -78,6 +78,8 @@ def main(argv=None):
     ap.add_argument("--naive-repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per party")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--placement", default="pack", choices=("auto", "spread", "pack"),
+                    help="CryptenParties placement (pack: one machine, no shared-node warning)")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     a = ap.parse_args(argv)
 
@@ -98,7 +100,8 @@ def main(argv=None):
     rows.append(dict(method="(a) plaintext", single_s=t1, batch_qps=a.batch / tB, rounds=0, bytes_per_query=0))
 
     t0 = time.perf_counter()
-    parties = CryptenParties(a.parties, provider=a.provider, timeout_s=600, threads=a.threads)
+    parties = CryptenParties(a.parties, provider=a.provider, timeout_s=600, threads=a.threads,
+                             placement=a.placement)
     print(f"# CrypTen parties started in {time.perf_counter() - t0:.1f} s", flush=True)
     methods = [("(b) naive argmax loop", "argmax", False), ("(c) fedmem rank", "rank", False),
                ("(c) fedmem grouped", "grouped", False), ("(c) fedmem merge", "merge", False),

@@ -398,3 +398,166 @@ def test_three_parties_and_ttp_provider_equal_plaintext(ray_local, n, provider):
         for spec, impl in [(SelectionSpec("topk", k=4), "rank"), (SelectionSpec("topk", k=4), "merge"),
                            (SelectionSpec("threshold", threshold=0.1), "auto"), (SelectionSpec("broadcast"), "auto")]:
             assert_same(PlaintextParties(n).run(packets, spec), cp.run(packets, spec, impl=impl))
+
+
+# ----------------------------------------------------------------------------- placement, refs, public cost
+
+def test_placement_is_validated_and_a_shared_node_is_announced(ray_local):
+    """On one node: ``auto`` warns that the parties share it, ``spread`` refuses to start."""
+    from fedmem.federation.mpc import CryptenParties, SharedNodeWarning
+
+    with pytest.raises(ValueError, match="placement must be one of"):
+        CryptenParties(2, placement="anywhere")
+    with pytest.raises(MpcFailure, match="placement='spread' needs 2 alive nodes"):
+        CryptenParties(2, placement="spread")
+    cp = object.__new__(CryptenParties)   # the placement decision alone, without starting parties
+    cp.n_parties, cp.placement, cp._pg, cp.start_timeout_s = 2, "auto", None, 10.0
+    with pytest.warns(SharedNodeWarning, match="share one Ray node"):
+        assert cp._placement(2) == [{}, {}]
+
+
+def test_rendezvous_is_on_the_party_node_ip(crypten_parties, ray_local):
+    """Rank 0 picked the rendezvous on its own node's IP (not a hard-coded loopback)."""
+    ip = ray_local.util.get_node_ip_address()
+    assert crypten_parties.rendezvous.startswith(f"tcp://{ip}:")
+    assert [n["ip"] for n in crypten_parties.nodes] == [ip, ip]
+    assert len({n["pid"] for n in crypten_parties.nodes}) == 2
+
+
+def _dead_refs(ray, packets):
+    """Per-party refs to results of a shard host that died before producing them (unfetchable)."""
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class Host:
+        def packet(self, x):
+            return x
+
+    h = Host.remote()
+    ray.kill(h, no_restart=True)
+    return [[h.packet.remote(x) for x in party] for party in packets]
+
+
+def test_unfetchable_shares_fail_closed_before_the_protocol(crypten_parties, ray_local):
+    """A host died: MpcFailure before any party enters the protocol; the parties stay warm."""
+    rng = np.random.default_rng(17)
+    packets, _ = make_candidates(rng, B=1, S=4, m=2, d=2, n_hosts=2)
+    spec = SelectionSpec("topk", k=3)
+    crypten_parties.run(packets, spec)   # warm (and restarted if an earlier test broke them)
+    actors, restarts = crypten_parties.actors, crypten_parties.restarts
+    mixed = [[packets[0][0], _dead_refs(ray_local, packets)[0][1]], packets[1]]   # party 0 cannot fetch one
+    with pytest.raises(MpcFailure, match="could not be fetched"):
+        crypten_parties.run(mixed, spec)
+    with pytest.raises(MpcFailure, match="could not be fetched"):
+        PlaintextParties(2).run(mixed, spec)
+    assert crypten_parties.actors == actors and crypten_parties.restarts == restarts
+    assert_same(PlaintextParties(2).run(packets, spec), crypten_parties.run(packets, spec))
+
+
+# ----------------------------------------------------------------------------- engine: refs and MPC cost
+
+def _engine_cfg(**kw):
+    import math
+
+    from fedmem.federation.engine import FederationConfig
+
+    base = dict(shards=8, records_per_shard=10, key_dim=8, value_dim=4, k_local=2, hosts=2, mpc="crypten",
+                n_bound=8, timeout_s=60.0, gateway=False, receipts="expose", calibration="global",
+                epsilon_budget=math.inf, total_epsilon_budget=math.inf, support_budget_bits=math.inf,
+                total_support_budget_bits=math.inf)
+    base.update(kw)
+    return FederationConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def small_data():
+    from fedmem.bench.shards import make_clustered_shards
+
+    return make_clustered_shards(8, 10, 8, 4, 1.0, np.random.default_rng(31), clusters=4)
+
+
+def test_engine_hands_parties_refs_owned_by_the_hosts(small_data, ray_local, crypten_parties):
+    """The driver relays ObjectRefs only; the hosts own them (their death makes them unfetchable)."""
+    from fedmem.bench.shards import sample_queries
+    from fedmem.dp import Accountant
+    from fedmem.federation.engine import Federation
+
+    q = sample_queries(small_data, 2, np.random.default_rng(32))
+    with Federation(_engine_cfg(selection="topk", k=3), small_data, accountant=Accountant(),
+                    rng=np.random.default_rng(33), parties=crypten_parties) as f:
+        packets = f._packets(f._queries(q), "topk")
+        assert len(packets) == 2 and all(len(p) == 2 for p in packets)
+        assert all(isinstance(x, ray_local.ObjectRef) for p in packets for x in p)
+        got = crypten_parties.run(packets, SelectionSpec("topk", k=3))
+        truth = f.ground_truth_many(q)
+        np.testing.assert_array_equal(got.tallies, np.stack([t.tallies for t in truth]))
+        from ray.core.generated.common_pb2 import Address
+
+        owners = [[Address.FromString(x.owner_address()).worker_id.hex() for x in p] for p in packets]
+        hosts = [w["worker_id"] for w in ray_local.get([h.where.remote() for h in f.hosts])]
+        assert owners == [hosts, hosts]   # put by the hosts; the driver only borrowed the refs
+
+
+def test_unfetchable_host_output_fails_the_query_closed(small_data, ray_local, crypten_parties):
+    """A host's packet cannot be fetched by a party: FederationFault, nothing booked, hosts healed."""
+    from fedmem.bench.shards import sample_queries
+    from fedmem.dp import Accountant
+    from fedmem.errors import FederationFault
+    from fedmem.federation.engine import Federation, Response
+
+    q = sample_queries(small_data, 2, np.random.default_rng(34))
+
+    class LoseOnePacket:
+        n_parties = 2
+
+        def __init__(self):
+            self.calls = 0
+
+        def run(self, packets, spec):
+            self.calls += 1
+            if self.calls == 1:
+                packets = [list(p) for p in packets]
+                packets[1][1] = _dead_refs(ray_local, [[None]])[0][0]
+            return crypten_parties.run(packets, spec)
+
+        def close(self):
+            return None
+
+    acc = Accountant()
+    with Federation(_engine_cfg(selection="topk", k=3), small_data, accountant=acc,
+                    rng=np.random.default_rng(35), parties=LoseOnePacket()) as f:
+        with pytest.raises(FederationFault, match="nothing was released or booked"):
+            f.retrieve(q[0])
+        assert acc.count == 0 and [a.decision for a in f.audit] == ["fault"]
+        assert isinstance(f.retrieve(q[0]), Response) and acc.count > 0
+
+
+def test_mpc_rounds_and_bytes_are_public_and_carried(small_data, ray_local, crypten_parties):
+    """Rounds/bytes reach Response and audit, and are identical on neighbouring datasets."""
+    from fedmem.bench.shards import sample_queries, with_record
+    from fedmem.dp import Accountant
+    from fedmem.federation.engine import Federation
+
+    q = sample_queries(small_data, 3, np.random.default_rng(36))
+    rng = np.random.default_rng(37)
+    key = q[0] / np.linalg.norm(q[0])       # a record that the first query will surely select
+    neighbour = with_record(small_data, 3, key, rng.uniform(-0.3, 0.3, 4))
+    for kw in (dict(selection="topk", k=3), dict(selection="threshold", threshold=0.3),
+               dict(selection="broadcast")):
+        seen = []
+        for data in (small_data, neighbour):
+            with Federation(_engine_cfg(**kw), data, accountant=Accountant(), rng=np.random.default_rng(38),
+                            parties=crypten_parties) as f:
+                rs = f.retrieve_many(q)
+                one = f.retrieve(q[1])
+                costs = [(r.mpc_rounds, r.mpc_bytes, r.mpc_batch) for r in rs] + [
+                    (one.mpc_rounds, one.mpc_bytes, one.mpc_batch)]
+                assert [(a.mpc_rounds, a.mpc_bytes, a.mpc_batch) for a in f.audit] == costs
+                seen.append((costs, [t.sum.tolist() for t in f.ground_truth_many(q)]))
+        (c0, rec0), (c1, rec1) = seen
+        assert c0 == c1, kw                       # public: same cost whatever the records
+        assert c0[0][0] > 0 and c0[0][1] > 0 and c0[0][2] == 3 and c0[-1][2] == 1
+        assert rec0 != rec1, kw                   # the neighbour really changed what was selected
+    with Federation(_engine_cfg(mpc="plaintext", selection="topk", k=3), small_data, accountant=Accountant(),
+                    rng=np.random.default_rng(38)) as f:
+        r = f.retrieve(q[0])
+        assert (r.mpc_rounds, r.mpc_bytes, r.mpc_batch) == (None, None, None)

@@ -107,3 +107,80 @@ def test_shard_host_module_does_not_import_torch():
     code = ("import sys, fedmem.federation.shard_host, fedmem.bench.shards, fedmem.federation; "
             "assert 'torch' not in sys.modules and 'crypten' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# ----------------------------------------------------------------------------- data generated at the hosts
+
+def test_recipe_shards_are_identical_wherever_generated():
+    from fedmem.bench.shards import ShardRecipe
+
+    r = ShardRecipe(shards=9, records_per_shard=6, key_dim=8, value_dim=4, seed=7, clusters=4)
+    whole = r.build()
+    again = ShardRecipe(shards=9, records_per_shard=6, key_dim=8, value_dim=4, seed=7, clusters=4).build()
+    for cuts in (split_shards(9, 1), split_shards(9, 3), [np.array([8, 0, 4]), np.array([1, 2, 3, 5, 6, 7])]):
+        for ids in cuts:
+            keys, values = r.shards_for(ids)   # what one host generates for its range, in its own order
+            for i, k, v in zip(ids, keys, values):
+                np.testing.assert_array_equal(k, whole.keys[i])
+                np.testing.assert_array_equal(v, whole.values[i])
+    for i in range(9):
+        np.testing.assert_array_equal(whole.keys[i], again.keys[i])
+        assert np.allclose(np.linalg.norm(whole.keys[i], axis=1), 1.0)
+        assert np.all(np.linalg.norm(whole.values[i], axis=1) <= 1.0 + 1e-12)
+    other = ShardRecipe(shards=9, records_per_shard=6, key_dim=8, value_dim=4, seed=8, clusters=4).build()
+    assert not np.array_equal(other.keys[0], whole.keys[0])
+    np.testing.assert_array_equal(r.centers, whole.centers)
+    assert r.sizes.tolist() == [6] * 9 and r.n_shards == 9
+
+
+@pytest.mark.parametrize("kw, match", [(dict(seed=-1), "seed"), (dict(shards=0), "shards"),
+                                        (dict(dtype="int8"), "dtype"), (dict(min_prevalence=2.0), "min_prevalence")])
+def test_recipe_rejects_bad_input(kw, match):
+    from fedmem.bench.shards import ShardRecipe
+
+    base = dict(shards=4, records_per_shard=3, key_dim=4, value_dim=2, seed=1)
+    with pytest.raises(ValueError, match=match):
+        ShardRecipe(**{**base, **kw})
+
+
+def test_host_generating_its_shards_equals_host_given_them():
+    from fedmem.bench.shards import ShardRecipe
+    from fedmem.federation.shard_host import ShardHostCore
+
+    r = ShardRecipe(shards=6, records_per_shard=5, key_dim=8, value_dim=4, seed=3, clusters=3)
+    d = r.build()
+    ids = np.array([1, 4, 5])
+    a = ShardHostCore(ids, None, None, recipe=r, clip=1.0, k_local=2, n_parties=2, seed=11)
+    b = ShardHostCore(ids, [d.keys[i] for i in ids], [d.values[i] for i in ids], clip=1.0, k_local=2,
+                      n_parties=2, seed=11)
+    q = np.random.default_rng(2).standard_normal((3, 8))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    for x, y in zip(a.plain_candidates(q, "topk"), b.plain_candidates(q, "topk")):
+        np.testing.assert_array_equal(x, y)
+    for pa, pb in zip(a.candidates(q, "topk"), b.candidates(q, "topk")):   # same seed: same shares too
+        np.testing.assert_array_equal(pa.scores, pb.scores)
+    with pytest.raises(ValueError, match="keys and values must be None"):
+        ShardHostCore(ids, [d.keys[1]], [d.values[1]], recipe=r, clip=1.0, k_local=2, n_parties=2, seed=1)
+
+
+def test_federation_over_host_generated_data_equals_single_process_data(ray_local):
+    import math
+
+    from fedmem.bench.shards import ShardRecipe
+    from fedmem.dp import Accountant
+    from fedmem.federation.engine import Federation, FederationConfig
+
+    r = ShardRecipe(shards=8, records_per_shard=10, key_dim=8, value_dim=4, seed=5, clusters=4)
+    cfg = FederationConfig(shards=8, records_per_shard=10, key_dim=8, value_dim=4, k_local=2, hosts=3, mpc="plaintext",
+                           selection="threshold", threshold=0.3, n_bound=8, gateway=False, receipts="expose",
+                           calibration="global", epsilon_budget=math.inf, total_epsilon_budget=math.inf,
+                           support_budget_bits=math.inf, total_support_budget_bits=math.inf)
+    q = sample_queries(r.build(), 4, np.random.default_rng(6))
+    out = []
+    for data in (r, r.build()):
+        with Federation(cfg, data, accountant=Accountant(), rng=np.random.default_rng(9)) as f:
+            rs = f.retrieve_many(q)
+            truth = f.ground_truth_many(q)
+            out.append(([x.receipts.tolist() for x in rs], [x.value.tolist() for x in rs],
+                        [t.sum.tolist() for t in truth]))
+    assert out[0] == out[1]

@@ -215,3 +215,104 @@ def sample_queries(data: ShardData, n: int, rng: np.random.Generator, *, kind: s
         shard = rng.choice(len(sizes), size=n, p=sizes / sizes.sum())
         base = np.stack([data.keys[s][rng.integers(0, sizes[s])] for s in shard]).astype(np.float64)
     return _unit(base + noise * g)
+
+
+# --------------------------------------------------------------------------- data generated at the hosts
+
+@dataclass(frozen=True)
+class ShardRecipe:
+    """Clustered shards defined by a seed, so that every shard host can generate its own.
+
+    Same model as :func:`make_clustered_shards` (topic prevalences, keys around topic
+    centres, clipped values), but every shard has its **own** random stream:
+    the public layout (``centers``, ``value_centers``, which topics each shard holds)
+    comes from ``SeedSequence(seed, spawn_key=(0,))`` and shard ``i``'s records from
+    ``SeedSequence(seed, spawn_key=(1, i))``. Hence :meth:`shard` gives shard ``i``
+    identically in any process, in any order, and :meth:`build` (all shards in one
+    process) equals what the hosts generate for their ranges. The records themselves
+    never have to pass through the driver: pass the recipe to
+    :class:`~fedmem.federation.engine.Federation` as ``data`` and each host builds its
+    shards (``ShardHostCore(..., recipe=...)``). Not the same draws as
+    :func:`make_clustered_shards` with an rng of the same seed (a different stream layout).
+    """
+
+    shards: int
+    records_per_shard: int
+    key_dim: int
+    value_dim: int
+    seed: int
+    clip: float = 1.0
+    clusters: int = 12
+    spread: float = 0.35
+    min_prevalence: float | None = None
+    dtype: str = "float64"
+
+    generated_at_hosts = True   # marker for the engine: send the recipe, not the records
+
+    def __post_init__(self):
+        for name in ("shards", "records_per_shard", "key_dim", "value_dim", "clusters"):
+            V.positive_int(name, getattr(self, name))
+        V.positive("clip", self.clip)
+        V.positive("spread", self.spread)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer. Found {self.seed!r}.")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64'. Found {self.dtype!r}.")
+        lo = self._lo()
+        if not 0 < lo <= 1.0:
+            raise ValueError(f"min_prevalence must be in (0, 1]. Found {self.min_prevalence!r}.")
+
+    def _lo(self) -> float:
+        return min(1.0, 3.0 / self.shards) if self.min_prevalence is None else float(self.min_prevalence)
+
+    def layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(centers (C, key_dim), value_centers (C, value_dim), holds (S, C) bool)``: public structure."""
+        rng = np.random.default_rng(np.random.SeedSequence(int(self.seed), spawn_key=(0,)))
+        C, S = self.clusters, self.shards
+        centers = _unit(rng.standard_normal((C, self.key_dim)))
+        value_centers = _unit(rng.standard_normal((C, self.value_dim)))
+        prevalence = np.geomspace(self._lo(), 1.0, C) if C > 1 else np.ones(1)
+        holds = rng.random((S, C)) < prevalence
+        empty = ~holds.any(axis=1)
+        holds[np.flatnonzero(empty), rng.integers(0, C, size=int(empty.sum()))] = True
+        return centers, value_centers, holds
+
+    def shard(self, i: int, layout=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Shard ``i``'s ``(keys, values, topics)``, identical wherever it is generated."""
+        i = V.positive_int("i", i, minimum=0)
+        if i >= self.shards:
+            raise ValueError(f"i must be < shards={self.shards}. Found {i!r}.")
+        centers, value_centers, holds = self.layout() if layout is None else layout
+        rng = np.random.default_rng(np.random.SeedSequence(int(self.seed), spawn_key=(1, i)))
+        n, kd, vd, clip, dt = self.records_per_shard, self.key_dim, self.value_dim, self.clip, np.dtype(self.dtype)
+        mine = np.flatnonzero(holds[i])
+        t = mine[rng.integers(0, len(mine), size=n)]
+        k = _unit(centers[t] + self.spread * rng.standard_normal((n, kd)) / np.sqrt(kd))
+        v = _clip(0.8 * clip * value_centers[t] + 0.3 * clip * rng.standard_normal((n, vd)) / np.sqrt(vd), clip)
+        return k.astype(dt), _clip(v.astype(dt), clip).astype(dt), t.astype(np.int64)
+
+    def shards_for(self, ids) -> tuple[list, list]:
+        """``(keys, values)`` lists of the shards ``ids`` (what one host generates)."""
+        lay = self.layout()
+        got = [self.shard(int(i), lay) for i in ids]
+        return [g[0] for g in got], [g[1] for g in got]
+
+    def build(self) -> ShardData:
+        """Every shard in this process (the single-process reference of the hosts' data)."""
+        lay = self.layout()
+        got = [self.shard(i, lay) for i in range(self.shards)]
+        return ShardData(keys=[g[0] for g in got], values=[g[1] for g in got], centers=lay[0], clip=self.clip,
+                         topics=[g[2] for g in got], value_centers=lay[1])
+
+    # what the engine and sample_queries(kind="cluster") read; public by construction
+    @property
+    def n_shards(self) -> int:
+        return self.shards
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.full(self.shards, self.records_per_shard, dtype=np.int64)
+
+    @property
+    def centers(self) -> np.ndarray:
+        return self.layout()[0]

@@ -35,9 +35,13 @@ policy; both are decided from public state, so *whether* work happens reveals no
 The computation itself is oblivious (fixed-size packets and circuits); the timing attack
 of :mod:`fedmem.attacks.gateway` measures what is left.
 
-Simulation caveat: shares travel through the driver process (Ray object refs are
-resolved before the parties are called), so the driver could reconstruct them; a
-deployment would send each party's packet straight from the host.
+Shares never pass through the driver: every host ``ray.put``s its per-party packets
+and hands the driver only the object refs (and public shard ids); each compute party
+fetches its own packets from the host's node (``mpc.CryptenParties``, phase ``load``).
+Hosts are spread over the cluster's nodes (``scheduling_strategy="SPREAD"``) and the
+parties go to distinct nodes when there are enough (docs/cluster.md). The MPC's rounds
+and bytes (public: functions of the batch shape only) are carried into every
+:class:`Response` and :class:`AuditRecord` (``mpc_rounds``, ``mpc_bytes``, ``mpc_batch``).
 """
 
 from __future__ import annotations
@@ -171,6 +175,10 @@ class Response:
     selection: str = "topk"         # the selection this answer came from (public: decided before computing)
     principal: str = "anonymous"
     event: dict | None = None       # the DP event booked for this response (dp-accounting terms)
+    # --- MPC cost of the run that answered this query (public: shapes only; None for the plaintext reference)
+    mpc_rounds: int | None = None   # communication rounds of that run (shared by its whole batch)
+    mpc_bytes: int | None = None    # bytes exchanged by the parties in that run (whole batch)
+    mpc_batch: int | None = None    # queries computed in that run (per-query bytes = mpc_bytes / mpc_batch)
 
 
 @dataclass(frozen=True)
@@ -209,6 +217,9 @@ class AuditRecord:
     channels: tuple[tuple[str, str], ...]    # (name, kind) of the channels that left (empty if none)
     unaccounted: tuple[str, ...]             # exact channels that left without a DP booking
     booking_ids: tuple[int, ...]
+    mpc_rounds: int | None = None            # MPC cost of the run that computed it (see Response)
+    mpc_bytes: int | None = None
+    mpc_batch: int | None = None
 
 
 def _ray():
@@ -236,6 +247,7 @@ class Federation:
                 raise ValueError(f"data must match config.{name}={want}. Found {got!r}.")
         self.config, self.data, self.accountant, self.rng = config, data, accountant, rng
         self.audit: list[AuditRecord] = []
+        self.fault_details: list[str] = []     # operator-only details of plan-mismatch faults
         self._closed = False
         self._owns_ray = False
         self._hosts: list = []
@@ -293,10 +305,12 @@ class Federation:
     # ------------------------------------------------------------------ hosts
     def _new_host(self, h: int):
         ids = self._split[h]
-        cls = host_actor_class()
-        return cls.remote(ids, [self.data.keys[i] for i in ids], [self.data.values[i] for i in ids],
-                          clip=self.config.clip, k_local=self.config.k_local, n_parties=self.config.parties,
-                          seed=int(self._seed_rng.integers(0, 2**63)))
+        cls = host_actor_class().options(scheduling_strategy="SPREAD")   # hosts over the cluster's nodes
+        kw = dict(clip=self.config.clip, k_local=self.config.k_local, n_parties=self.config.parties,
+                  seed=int(self._seed_rng.integers(0, 2**63)))
+        if getattr(self.data, "generated_at_hosts", False):   # a ShardRecipe: each host generates its shards
+            return cls.remote(ids, None, None, recipe=self.data, **kw)
+        return cls.remote(ids, [self.data.keys[i] for i in ids], [self.data.values[i] for i in ids], **kw)
 
     def _start_hosts(self):
         ray = _ray()
@@ -345,30 +359,38 @@ class Federation:
         q = q / peak
         return q / np.linalg.norm(q, axis=1, keepdims=True)
 
-    def _packets(self, q: np.ndarray, mode: str, method: str = "candidates_split"):
+    def _packets(self, q: np.ndarray, mode: str):
+        """``packets[p][h]``: an ObjectRef to host h's packet for party p (the driver never holds a share)."""
         ray = _ray()
         self._heal_hosts()
         P, T = self.config.parties, self.config.timeout_s
         try:
-            refs = [getattr(h, method).options(num_returns=P).remote(q, mode) for h in self._hosts]
-            flat = ray.get([r for hr in refs for r in hr], timeout=T)
+            metas = ray.get([h.candidates_refs.remote(q, mode) for h in self._hosts], timeout=T)
+            if any(len(m["refs"]) != P for m in metas):
+                raise ValueError(f"every shard host must return one packet per party ({P}).")
         except Exception as exc:  # noqa: BLE001 - dead host, timeout, host error: fail closed
             self._hosts_dirty = True
             kind = "timed out" if isinstance(exc, ray.exceptions.GetTimeoutError) else "failed"
             raise FederationFault(f"shard hosts {kind} (timeout {T:g} s); nothing was released or booked: "
                                   f"{exc!r}") from exc
-        H = len(self._hosts)
-        return [[flat[h * P + p] for h in range(H)] for p in range(P)]
+        return [[m["refs"][p] for m in metas] for p in range(P)]
 
     def _compute(self, q: np.ndarray, policy: ReleasePolicy):
         packets = self._packets(q, policy.selection)
         try:
             return self.parties.run(packets, policy.selection_spec())
         except MpcFailure as exc:
+            self._hosts_dirty = True   # the failure may be a host that died after handing out its refs
             raise FederationFault(f"compute parties failed; nothing was released or booked: {exc}") from exc
 
-    def _releases(self, q: np.ndarray, policy: ReleasePolicy) -> list[Release]:
+    def _releases(self, q: np.ndarray, policy: ReleasePolicy) -> tuple[list[Release], dict]:
+        """The batch's releases and the public MPC cost of the run that computed them."""
         rev = self._compute(q, policy)
+        st = getattr(rev, "stats", None) or {}
+        mpc = bool(st.get("secure"))   # a real MPC (CryptenParties), not the plaintext reference
+        meta = {"mpc_rounds": int(st["rounds"]) if mpc else None,
+                "mpc_bytes": int(st["bytes"]) if mpc else None,
+                "mpc_batch": int(q.shape[0]) if mpc else None}
         agg = Aggregator(policy)
         out = []
         try:
@@ -376,11 +398,14 @@ class Federation:
                 tallies = None if rev.tallies is None else rev.tallies[b]
                 out.append(agg.release(rev.sum[b], rev.count[b], tallies, self.rng))
         except ValueError as exc:   # data that does not fit the public plan: fail closed
-            raise FederationFault(f"a release did not fit its public plan; nothing was released or booked: "
-                                  f"{exc}") from exc
-        return out
+            # the details (which may name a private count) go to the operator, not into the exception
+            self.fault_details.append(repr(exc))
+            raise FederationFault("a release did not fit its public plan; nothing was released or booked "
+                                  "(details in Federation.fault_details)") from None
+        return out, meta
 
-    def _log(self, d: Decision, decision: str, rel: Release | None, bookings=(), emitted: bool = False):
+    def _log(self, d: Decision, decision: str, rel: Release | None, bookings=(), emitted: bool = False,
+             mpc: dict | None = None):
         sel = self._policies[d.route].selection if d.route else self.policy.selection
         chans = tuple((c.name, c.kind) for c in rel.channels) if (emitted and rel is not None) else ()
         unacc = tuple(c.name for c in rel.channels if c.kind == "exact") if (emitted and rel is not None) else ()
@@ -388,16 +413,16 @@ class Federation:
             d.query_id, d.principal, d.family, d.retry_of, decision, d.reasons, sel,
             None if rel is None else rel.realized_n, None if rel is None else rel.denominator,
             None if rel is None else rel.effective_noise_multiplier, self.gateway.support_bits(d.principal),
-            chans, unacc, tuple(b.id for b in bookings)))
+            chans, unacc, tuple(b.id for b in bookings), **(mpc or {})))
 
-    def _respond(self, d: Decision, rel: Release) -> Response:
+    def _respond(self, d: Decision, rel: Release, mpc: dict | None = None) -> Response:
         ev = rel.event()
         from fedmem.dp.accountant import event_to_dict
 
         return Response(query_id=d.query_id, value=rel.value, count=rel.count, receipts=rel.receipts,
                         channels=tuple(c.name for c in rel.channels),
                         epsilon_spent=self.gateway.principal_spent(d.principal), selection=rel.selection,
-                        principal=d.principal, event=None if ev is None else event_to_dict(ev))
+                        principal=d.principal, event=None if ev is None else event_to_dict(ev), **(mpc or {}))
 
     def connect(self, principal: str | None = None):
         """A :class:`~fedmem.federation.client.MemoryClient` with its own principal identity.
@@ -447,11 +472,13 @@ class Federation:
         try:
             decisions = [gw.decide(ids[b], pids[b], fams[b], retries[b], self.plans) for b in range(B)]
             rels: dict[int, Release] = {}
+            mpcs: dict[int, dict] = {}
             for route in ("primary", "fallback"):
                 idx = [b for b, d in enumerate(decisions) if d.route == route]
                 if idx:
-                    for b, rel in zip(idx, self._releases(q[idx], self._policies[route])):
-                        rels[b] = rel
+                    route_rels, meta = self._releases(q[idx], self._policies[route])
+                    for b, rel in zip(idx, route_rels):
+                        rels[b], mpcs[b] = rel, meta
         except FederationFault:
             for d in decisions:
                 self._log(d, "fault", None)
@@ -471,12 +498,13 @@ class Federation:
             try:
                 bookings = gw.book(d, rel.plan, label)
             except BudgetExceeded:
-                self._log(d, "budget_exceeded", rel)
+                self._log(d, "budget_exceeded", rel, mpc=mpcs[b])
                 results[b] = refusal(d.query_id)
                 continue
             gw.record_count(d.family, rel.count)
-            self._log(d, "admitted" if d.route == "primary" else "admitted_fallback", rel, bookings, True)
-            results[b] = self._respond(d, rel)
+            self._log(d, "admitted" if d.route == "primary" else "admitted_fallback", rel, bookings, True,
+                      mpc=mpcs[b])
+            results[b] = self._respond(d, rel, mpcs[b])
         return results
 
     def retrieve(self, q, family: str | None = None, retry_of: int | None = None, *,

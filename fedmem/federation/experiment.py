@@ -200,7 +200,8 @@ class Services:
         f = cfg.federation
         try:
             self.parties = (mpc.PlaintextParties(f.parties) if f.mpc == "plaintext"
-                            else mpc.CryptenParties(f.parties, timeout_s=max(60.0, f.timeout_s)))
+                            else mpc.CryptenParties(f.parties, timeout_s=max(60.0, f.timeout_s),
+                                                    placement="pack" if self.owns_ray else "auto"))
         except BaseException:
             self.close()
             raise
@@ -744,6 +745,12 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
         finally:
             fed.close()
         metrics.update(_reconstruction_tables(records, cfg, tables, attack_rows, ctx))
+        costs = [(r.mpc_rounds, r.mpc_bytes, r.mpc_batch) for r in getattr(fed, "audit", [])
+                 if getattr(r, "mpc_rounds", None) is not None]
+        if costs:   # public MPC cost (shapes only), into results.json
+            metrics["mpc"] = {"queries": len(costs), "rounds_per_query": sorted({c[0] for c in costs}),
+                              "bytes_per_query_median": float(np.median([c[1] / c[2] for c in costs])),
+                              "bytes_per_query_max": float(max(c[1] / c[2] for c in costs))}
         _write_queries(ctx, records)
         phases["reconstruction"] = round(time.perf_counter() - t0, 2)
 

@@ -17,8 +17,9 @@ Two implementations with identical semantics:
 * :class:`PlaintextParties`: the reference/baseline. It reconstructs the shares and
   computes in numpy (no secrecy); used to test the MPC and as the fast engine option.
 * :class:`CryptenParties`: ``n`` Ray actors (2 by default, 3 allowed), each one CrypTen
-  party over torch.distributed/gloo on loopback. Each actor receives only its own
-  shares and wraps them with ``MPCTensor.from_shares``.
+  party over torch.distributed/gloo, on distinct nodes when the cluster has enough
+  (rendezvous at rank 0's node IP; docs/cluster.md). Each actor fetches and receives
+  only its own shares and wraps them with ``MPCTensor.from_shares``.
 
 Secure top-k. With effective scores ``e_j = valid_j * (score_j + F)`` (F =
 ``MASK_FILL``, so invalid rows sit below every valid one), candidate ``u`` beats ``t``
@@ -131,13 +132,20 @@ def _is_ref(x) -> bool:
 
 
 def _resolve(packets, timeout_s: float | None = None):
-    """Fetch any Ray ObjectRefs among one party's packets (inside that party's process)."""
+    """Fetch any Ray ObjectRefs among one party's packets (inside that party's process).
+
+    A ref whose shard host (its owner) died, a lost object or a timeout raises
+    :class:`~fedmem.errors.MpcFailure`: the caller must fail closed.
+    """
     packets = list(packets)
     idx = [i for i, x in enumerate(packets) if _is_ref(x)]
     if idx:
         import ray
 
-        got = ray.get([packets[i] for i in idx], timeout=timeout_s)
+        try:
+            got = ray.get([packets[i] for i in idx], timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - dead host, lost object, timeout: fail closed
+            raise MpcFailure(f"shares could not be fetched from the shard hosts: {exc!r}") from exc
         for i, g in zip(idx, got):
             packets[i] = g
     return packets
@@ -201,7 +209,7 @@ class PlaintextParties:
             out["count"] = mask.sum(axis=1).astype(np.int64)
         if "tallies" in spec.reveal:
             out["tallies"] = mask.reshape(B, N // m, m).sum(axis=2).astype(np.int64)
-        stats = {"seconds": time.perf_counter() - t0, "rounds": 0, "bytes": 0}
+        stats = {"seconds": time.perf_counter() - t0, "rounds": 0, "bytes": 0, "secure": False}
         return Revealed(sum=out.get("sum"), count=out.get("count"), tallies=out.get("tallies"),
                         stats=stats, shard_ids=ids)
 
@@ -561,41 +569,81 @@ def _naive_topk(eff, val, k: int):
 
 
 class _CryptenParty:
-    """One compute party (the body of a Ray actor). Holds only its own shares."""
+    """One compute party (the body of a Ray actor). Holds only its own shares.
 
-    def __init__(self, rank: int, world_size: int, rendezvous: str, provider: str, threads: int):
-        os.environ.update({
-            "RANK": str(rank), "WORLD_SIZE": str(world_size), "RENDEZVOUS": rendezvous,
-            "DISTRIBUTED_BACKEND": "gloo", "GLOO_SOCKET_IFNAME": "lo",
-        })
-        self.rank, self.provider = rank, provider
+    Start-up is two calls so that the rendezvous can live on any node: rank 0's
+    :meth:`endpoint` picks a free port on its own node's IP; the driver hands that
+    address to every party's :meth:`init`. A query is two calls as well: :meth:`load`
+    fetches this party's packets (Ray ObjectRefs are resolved here, never in the driver)
+    and reports public metadata or a fetch error *before* any party enters a collective,
+    so a dead shard host fails the query without stranding a party inside the protocol;
+    :meth:`run` then executes the secure program on the loaded shares.
+    """
+
+    def __init__(self, rank: int, world_size: int, provider: str, threads: int):
+        self.rank, self.world_size, self.provider = rank, world_size, provider
+        self._loaded = None
         import torch
 
         torch.set_num_threads(threads)
 
-    def init(self):
+    def node(self) -> dict:
+        """Where this party runs: ``{"node_id", "ip", "pid"}`` (public placement facts)."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": _node_ip(), "pid": os.getpid()}
+
+    def endpoint(self) -> str:
+        """Rank 0 only: ``tcp://<this node's IP>:<free port on it>`` for the CrypTen rendezvous."""
+        ip = _node_ip()
+        return f"tcp://{_url_host(ip)}:{_free_port(ip)}"
+
+    def _env(self, rank: int, rendezvous: str):
+        env = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "RENDEZVOUS": rendezvous,
+               "DISTRIBUTED_BACKEND": "gloo"}
+        ifname = os.environ.get("FEDMEM_GLOO_IFNAME") or _ifname_for(_node_ip())
+        if ifname:
+            env["GLOO_SOCKET_IFNAME"] = ifname
+        os.environ.update(env)
+
+    def init(self, rendezvous: str):
         from fedmem._crypten import crypten
 
+        self._env(self.rank, rendezvous)
         crypten.cfg.mpc.provider = self.provider
         crypten.cfg.communicator.verbose = True
         crypten.init()
-        return self.rank
+        return self.node()
 
-    def serve_ttp(self):
+    def serve_ttp(self, rendezvous: str):
         """TTP provider only: run CrypTen's trusted-third-party server loop (returns at shutdown)."""
         from fedmem._crypten import crypten
         from crypten.mpc.provider.ttp_provider import TTPServer
 
+        self._env(self.world_size, rendezvous)
         crypten.cfg.mpc.provider = "TTP"
         crypten.cfg.communicator.verbose = True
         crypten.init()
         TTPServer()
         return "ttp done"
 
-    def run(self, packets, spec, impl="auto", shards_sorted=False):
+    def load(self, packets, timeout_s: float | None = None):
+        """Fetch and assemble this party's packets; returns public metadata or the fetch error."""
+        self._loaded = None
+        try:
+            scores, values, valid, ids, m = assemble(_resolve(packets, timeout_s))
+        except MpcFailure as exc:
+            return {"error": str(exc)}
+        self._loaded = (scores, values, valid, ids, m)
+        return {"ids": ids, "shape": (scores.shape[0], scores.shape[1], values.shape[2], m)}
+
+    def run(self, spec, impl="auto", shards_sorted=False):
         from fedmem._crypten import comm
 
-        scores, values, valid, ids, m = assemble(_resolve(packets))
+        if self._loaded is None:
+            raise MpcFailure("run called without loaded packets.")
+        scores, values, valid, ids, m = self._loaded
+        self._loaded = None
         c = comm.get()
         c.reset_communication_stats()
         t0, c0 = time.perf_counter(), time.process_time()
@@ -609,6 +657,12 @@ class _CryptenParty:
     def pid(self):
         return os.getpid()
 
+    def peak_rss(self) -> int:
+        """Peak resident memory of this party process so far, in bytes (benchmarks)."""
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
     def shutdown(self):
         from fedmem._crypten import crypten
 
@@ -616,21 +670,77 @@ class _CryptenParty:
         return True
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def _url_host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
+
+
+def _free_port(ip: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``ip`` right now (this node's address)."""
+    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.bind((ip, 0))
         return s.getsockname()[1]
 
 
+def _ifname_for(ip: str) -> str | None:
+    """The network interface that carries ``ip`` (gloo must bind there), or None if unknown."""
+    try:
+        import psutil
+    except ImportError:  # psutil is optional (not every Ray install has it): gloo then picks its default
+        return None      # interface; FEDMEM_GLOO_IFNAME overrides
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == ip for a in addrs):
+            return name
+    return None
+
+
+class SharedNodeWarning(UserWarning):
+    """The compute parties share a Ray node (fewer alive nodes than parties): no separation."""
+
+
+PLACEMENTS = ("auto", "spread", "pack")
+_BUNDLE = {"CPU": 0.01}
+"""A party's placement-group bundle: a token CPU share (parties are idle between queries)."""
+
+
+def _eligible_nodes() -> int:
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= _BUNDLE["CPU"])
+
+
 class CryptenParties:
-    """``n_parties`` CrypTen compute parties as Ray actors over gloo on 127.0.0.1.
+    """``n_parties`` CrypTen compute parties as Ray actors over gloo, one per node when possible.
 
     Starts its actors on construction (Ray must be initialised, or is initialised
-    locally) and keeps them warm across :meth:`run` calls. Starting (CrypTen rendezvous)
-    is bounded by ``start_timeout_s`` and every :meth:`run` by ``timeout_s``; a timeout, a dead actor or a party exception raises
+    locally) and keeps them warm across :meth:`run` calls. Placement (``placement``):
+
+    * ``"auto"`` (default): when the cluster has at least ``n_parties`` alive nodes with
+      a CPU, the parties go to distinct nodes (a ``STRICT_SPREAD`` placement group, one
+      token bundle ``{"CPU": 0.01}`` per party); otherwise they share a node and a
+      :class:`SharedNodeWarning` says so (the single-machine simulation);
+    * ``"spread"``: distinct nodes or :class:`~fedmem.errors.MpcFailure` at start;
+    * ``"pack"``: no placement group and no warning (benchmarks on one machine).
+
+    Rendezvous: rank 0 picks a free port on its own node's IP
+    (``ray.util.get_node_ip_address()`` inside the actor) and returns
+    ``tcp://IP:PORT``; the driver passes it to every party, and gloo binds to the
+    interface that carries each party's node IP (``FEDMEM_GLOO_IFNAME`` overrides).
+    :attr:`nodes` records where each rank runs. With ``provider="TTP"`` the trusted third
+    party is one more actor, spread too when there are ``n_parties + 1`` nodes.
+
+    Starting (CrypTen rendezvous) is bounded by ``start_timeout_s`` and every
+    :meth:`run` by ``timeout_s``; a timeout, a dead actor or a party exception raises
     :class:`~fedmem.errors.MpcFailure` after killing all parties (no output of that
-    batch reaches the caller); the next :meth:`run` starts fresh parties. ``threads`` is each party's
-    torch intra-op thread count.
+    batch reaches the caller); the next :meth:`run` starts fresh parties. Shares that
+    cannot be fetched from a shard host raise ``MpcFailure`` before any party enters the
+    protocol (the parties stay warm). ``threads`` is each party's torch intra-op thread count.
 
     ``shards_sorted=True`` trusts that every shard sends its rows sorted by score
     descending (ties by lower candidate index) with invalid/padding rows last, as
@@ -641,7 +751,7 @@ class CryptenParties:
     """
 
     def __init__(self, n_parties: int = 2, *, timeout_s: float = 60.0, provider: str = "TFP", threads: int = 1,
-                 start_timeout_s: float = 180.0, shards_sorted: bool = False):
+                 start_timeout_s: float = 180.0, shards_sorted: bool = False, placement: str = "auto"):
         self.n_parties = V.positive_int("n_parties", n_parties, minimum=2)
         if self.n_parties > 3:
             raise ValueError(f"n_parties must be 2 or 3. Found {n_parties!r}.")
@@ -653,15 +763,51 @@ class CryptenParties:
         self.threads = V.positive_int("threads", threads)
         if not isinstance(shards_sorted, bool):
             raise TypeError(f"shards_sorted must be a bool. Found {shards_sorted!r}.")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}. Found {placement!r}.")
         self.shards_sorted = shards_sorted
+        self.placement = placement
         self._actors: list = []
         self._ttp = None
         self._ttp_ref = None
+        self._pg = None
         self._closed = False
         self.restarts = 0
+        self.nodes: list[dict] = []
+        self.strategy = None
         self._start()
 
     # -- lifecycle
+    def _placement(self, n_actors: int) -> list[dict]:
+        """Ray ``.options`` per actor (parties in rank order, then the TTP if any)."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        n = self.n_parties
+        nodes = _eligible_nodes() if self.placement != "pack" else 0
+        if self.placement == "pack" or nodes < n:
+            if self.placement == "spread":
+                raise MpcFailure(f"placement='spread' needs {n} alive nodes with a CPU; the cluster has {nodes}.")
+            if self.placement == "auto":
+                import warnings
+
+                warnings.warn(f"the {n} compute parties share one Ray node (the cluster has {nodes} alive node(s) "
+                              f"with a CPU): this simulates the protocol but separates no trust. Start one node per "
+                              f"party (docs/cluster.md).", SharedNodeWarning, stacklevel=4)
+            self.strategy = None
+            return [{} for _ in range(n_actors)]
+        spread = n_actors if nodes >= n_actors else n
+        self._pg = ray.util.placement_group([dict(_BUNDLE) for _ in range(spread)], strategy="STRICT_SPREAD")
+        try:
+            ray.get(self._pg.ready(), timeout=self.start_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - cannot place: fail closed
+            self._kill()
+            raise MpcFailure(f"compute parties could not be placed on {spread} distinct nodes within "
+                             f"{self.start_timeout_s:g} s: {exc!r}") from exc
+        self.strategy = "STRICT_SPREAD"
+        return [{"scheduling_strategy": PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i)}
+                if i < spread else {} for i in range(n_actors)]
+
     def _start(self):
         import ray
 
@@ -669,18 +815,20 @@ class CryptenParties:
 
         ensure_ray()
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_CryptenParty)
-        rdv = f"tcp://127.0.0.1:{_free_port()}"
         n = self.n_parties
-        self._actors = [actor_cls.remote(r, n, rdv, self.provider, self.threads) for r in range(n)]
-        refs = [a.init.remote() for a in self._actors]
-        if self.provider == "TTP":
-            self._ttp = actor_cls.remote(n, n, rdv, self.provider, self.threads)
-            self._ttp_ref = self._ttp.serve_ttp.remote()
+        opts = self._placement(n + (self.provider == "TTP"))
+        self._actors = [actor_cls.options(**opts[r]).remote(r, n, self.provider, self.threads) for r in range(n)]
         try:
-            ray.get(refs, timeout=self.start_timeout_s)
+            rdv = ray.get(self._actors[0].endpoint.remote(), timeout=self.start_timeout_s)
+            refs = [a.init.remote(rdv) for a in self._actors]
+            if self.provider == "TTP":
+                self._ttp = actor_cls.options(**opts[n]).remote(n, n, self.provider, self.threads)
+                self._ttp_ref = self._ttp.serve_ttp.remote(rdv)
+            self.nodes = ray.get(refs, timeout=self.start_timeout_s)
         except Exception as exc:  # noqa: BLE001 - any start failure is an MPC failure
             self._kill()
             raise MpcFailure(f"compute parties failed to start within {self.start_timeout_s:g} s: {exc!r}") from exc
+        self.rendezvous = rdv
 
     def _kill(self):
         import ray
@@ -691,6 +839,12 @@ class CryptenParties:
             except Exception:  # noqa: BLE001 - already dead
                 pass
         self._actors, self._ttp, self._ttp_ref = [], None, None
+        if self._pg is not None:
+            try:
+                ray.util.remove_placement_group(self._pg)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            self._pg = None
 
     @property
     def actors(self) -> list:
@@ -721,9 +875,10 @@ class CryptenParties:
         """Secure selection/aggregation; see the module docstring. Never hangs past ``timeout_s``.
 
         ``packets[p]`` lists party p's packets, one per shard host, as ``SharePacket`` or as
-        Ray ``ObjectRef`` to one (e.g. a shard host's ``num_returns=n`` results): refs are
-        fetched inside party p's actor, so the driver never holds more than one party's
-        shares. Checked for consistency across parties before anything is returned.
+        Ray ``ObjectRef`` to one (what fedmem's shard hosts hand out): refs are fetched
+        inside party p's actor, straight from the host's node, so the driver never holds a
+        share. Phase 1 (``load``) fetches and checks that every party got the same shards;
+        only then does phase 2 enter the protocol.
         """
         import ray
 
@@ -737,9 +892,21 @@ class CryptenParties:
             self.restarts += 1
             self._start()
         t0 = time.perf_counter()
-        refs = [a.run.remote(per[r], spec, impl, self.shards_sorted) for r, a in enumerate(self._actors)]
+        deadline = t0 + self.timeout_s
         try:
-            outs = ray.get(refs, timeout=self.timeout_s)
+            metas = ray.get([a.load.remote(per[r], self.timeout_s) for r, a in enumerate(self._actors)],
+                            timeout=self.timeout_s)
+            errors = [m["error"] for m in metas if "error" in m]
+            if errors:   # no party entered the protocol: fail closed, parties stay warm
+                raise MpcFailure(f"no output was computed: {errors[0]}")
+            if any(not np.array_equal(m["ids"], metas[0]["ids"]) or m["shape"] != metas[0]["shape"]
+                   for m in metas[1:]):
+                raise MpcFailure("parties received packets from different shards or of different shapes; "
+                                 "no output was computed.")
+            refs = [a.run.remote(spec, impl, self.shards_sorted) for a in self._actors]
+            outs = ray.get(refs, timeout=max(0.001, deadline - time.perf_counter()))
+        except MpcFailure:
+            raise
         except Exception as exc:  # noqa: BLE001 - timeout, dead actor or party error: fail closed
             self._kill()
             kind = "timed out" if isinstance(exc, ray.exceptions.GetTimeoutError) else "failed"
@@ -754,6 +921,7 @@ class CryptenParties:
                 if not np.array_equal(o[name], first[name]):
                     raise MpcFailure(f"parties opened different values for {name!r}: inconsistent run.")
         stats = {
+            "secure": True,
             "seconds": time.perf_counter() - t0,
             "party_seconds": max(o["_stats"]["seconds"] for o in outs),
             # CPU time of the busiest party process: a load-insensitive measure of the work.

@@ -90,9 +90,15 @@ def local_candidates(q: np.ndarray, K: np.ndarray, Vv: np.ndarray, M: np.ndarray
 class ShardHostCore:
     """One host's shards and its candidate/sharing step (the body of the Ray actor)."""
 
-    def __init__(self, shard_ids, keys: list, values: list, *, clip: float, k_local: int, n_parties: int,
-                 seed: int):
+    def __init__(self, shard_ids, keys: list | None, values: list | None, *, clip: float, k_local: int,
+                 n_parties: int, seed: int, recipe=None):
         self.shard_ids = np.asarray(shard_ids, dtype=np.int64)
+        if recipe is not None:   # data at the host: generate its own shards (fedmem.bench.shards.ShardRecipe)
+            if keys is not None or values is not None:
+                raise ValueError("keys and values must be None when a recipe is given (the host generates them).")
+            keys, values = recipe.shards_for(self.shard_ids)
+        elif keys is None or values is None:
+            raise ValueError("keys and values must be given (or a recipe). Found None.")
         if len(self.shard_ids) != len(keys) or len(keys) != len(values) or not keys:
             raise ValueError(f"shard_ids, keys and values must have the same non-zero length. Found "
                              f"{len(self.shard_ids)}, {len(keys)}, {len(values)}.")
@@ -132,6 +138,26 @@ class _HostActor(ShardHostCore):
     def candidates_split(self, q, mode: str):
         packets = self.candidates(q, mode)
         return tuple(packets) if len(packets) > 1 else packets[0]
+
+    def candidates_refs(self, q, mode: str) -> dict:
+        """Share packets stored in the object store by this host, one per party, as refs.
+
+        Returns ``{"refs": [ObjectRef per party], "shard_ids": ...}``: the driver only
+        relays the refs (public metadata) and each party fetches its own packet from this
+        host's node. This host owns the objects, so if it dies before a party fetched
+        them the fetch fails (``OwnerDiedError``) and the query fails closed.
+        """
+        import ray
+
+        packets = self.candidates(q, mode)
+        return {"refs": [ray.put(p) for p in packets], "shard_ids": self.shard_ids.copy()}
+
+    def where(self) -> dict:
+        """Where this host runs: ``{"node_id", "worker_id", "pid"}`` (placement is public)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "worker_id": ctx.get_worker_id(), "pid": os.getpid()}
 
     def stall(self, seconds: float) -> bool:
         """Fault-injection hook for tests: keep this (single-threaded) host busy."""
