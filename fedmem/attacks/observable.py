@@ -134,9 +134,11 @@ def category_score(obs: Observation, reference: set[str]) -> float:
     return 0.0 if fingerprint(obs) in reference else 1.0
 
 
-def answered_score(obs: Observation) -> float:
-    """``admission_oracle``: 1 if answered, 0 if refused."""
-    return 1.0 if obs.answered else 0.0
+def answered_score(obs: Observation, answered_means_member: bool = True) -> float:
+    """``admission_oracle``: 1 if the observation is what the adversary predicted for the world
+    *with* the record (offline, from the boundary search): answered, or refused when the rule
+    it hypothesises would refuse that world; else 0."""
+    return 1.0 if obs.answered == answered_means_member else 0.0
 
 
 def latency_score(obs: Observation) -> float:
@@ -177,24 +179,38 @@ def near_duplicates(q, r: int, radius: float, rng: np.random.Generator) -> np.nd
 # ------------------------------------------------------------------ offline boundary search
 def search_boundary_query(count_without: Callable[[np.ndarray], int], count_with: Callable[[np.ndarray], int],
                           key, boundary: Callable[[int, int], bool], rng: np.random.Generator, *,
-                          tries: int = 400, max_angle: float = 1.2) -> tuple[np.ndarray, int, int, bool]:
+                          directions=None, tries: int = 400, max_angle: float = 1.2,
+                          steps: int = 24) -> tuple[np.ndarray, int, int, bool]:
     """The adversary's offline search for an admission-oracle query (it knows both datasets).
 
-    Samples queries around ``key`` (random tangent directions, angles up to
-    ``max_angle``) and returns the first whose counts ``(n_without, n_with)`` satisfy
-    ``boundary`` — the admission rule a data-dependent gateway would apply would flip
-    between the worlds — else the query whose counts differ and whose ``n_without`` is
-    closest to flipping. Returns ``(q, n_without, n_with, found)``.
+    Moves the query from ``key`` toward each of ``directions`` (e.g. the topic centres of
+    the dataset it knows: moving toward a common topic raises the selected count while the
+    target may stay selected), ``steps`` points per direction, then samples random
+    tangent directions (angles up to ``max_angle``) for the rest of ``tries``. Returns the
+    first query whose counts ``(n_without, n_with)`` satisfy ``boundary`` — the admission
+    rule a data-dependent gateway would apply flips between the worlds — else the query
+    whose counts differ and whose ``n_without`` is closest to flipping. Returns ``(q,
+    n_without, n_with, found)``.
     """
     key = V.finite_array("key", key, ndim=1)
     key = key / np.linalg.norm(key)
     tries = V.positive_int("tries", tries)
+    steps = V.positive_int("steps", steps)
     V.rng_check("rng", rng)
     best, best_gap = key, math.inf
     best_counts = (count_without(key), count_with(key))
-    for i in range(tries):
+    candidates = []
+    if directions is not None:
+        for d in np.atleast_2d(V.finite_array("directions", directions)):
+            d = d / np.linalg.norm(d)
+            for t in np.linspace(0.0, 1.0, steps + 1)[1:]:
+                q = (1 - t) * key + t * d
+                if np.linalg.norm(q) > 0:
+                    candidates.append(q / np.linalg.norm(q))
+    for i in range(max(0, tries - len(candidates))):
         ang = max_angle * (i + 1) / tries
-        q = near_duplicates(key, 1, ang * rng.uniform(0.5, 1.0), rng)[0]
+        candidates.append(near_duplicates(key, 1, ang * rng.uniform(0.5, 1.0), rng)[0])
+    for q in candidates:
         a, b = count_without(q), count_with(q)
         if a == b:
             continue

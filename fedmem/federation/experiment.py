@@ -472,6 +472,16 @@ def _count_fn(data, f):
     return count
 
 
+def _topic_directions(centers) -> np.ndarray:
+    """Directions the admission-oracle search moves the query toward: every topic centre and
+    every pair of them (the adversary knows the dataset in the DP game)."""
+    import itertools
+
+    c = np.asarray(centers, dtype=np.float64)
+    pairs = [c[i] + c[j] for i, j in itertools.combinations(range(len(c)), 2)]
+    return np.array(pairs + list(c)) if pairs else c
+
+
 def game_config(cfg):
     """The scenario's federation with every budget lifted (``math.inf``).
 
@@ -518,12 +528,14 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
             for w, wdata in worlds.items():
                 feds[w] = make_federation(config, wdata, accountant=world_accountant(f"target{t}-{w}"),
                                           rng=ctx.rng("engine", t, w), ray_address=ctx.ray_address, parties=parties)
-            bq = key
+            bq, with_answered = key, True
             if "admission_oracle" in want:
-                bq, _, _, found = O.search_boundary_query(
+                bq, _, n_with, found = O.search_boundary_query(
                     _count_fn(worlds["without"], f), _count_fn(worlds["with"], f), key,
-                    O.tolerance_boundary(f.n_bound, a.boundary_tolerance), ctx.rng("boundary", t))
+                    O.tolerance_boundary(f.n_bound, a.boundary_tolerance), ctx.rng("boundary", t),
+                    directions=_topic_directions(worlds["without"].centers), steps=30)
                 out["boundary_found"] += int(found)
+                with_answered = abs(n_with - f.n_bound) <= a.boundary_tolerance   # the hypothesised rule
             refs, _ = _ask_trials(feds["without"], np.repeat(key[None], a.references, axis=0), 1, mb)
             ref_fps = {O.fingerprint(o) for o in refs}
             reference = refs[0].response
@@ -547,7 +559,7 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
                     adm, booked = _ask_trials(fed, np.repeat(bq[None], R, axis=0), 1, mb)
                     out["queries"] += len(adm)
                     for o, e in zip(adm, booked):
-                        out["admission_oracle"][tag].append(O.answered_score(o))
+                        out["admission_oracle"][tag].append(O.answered_score(o, with_answered))
                         out["admission_oracle"]["booked"].append(e)
                 for name in ("retry_averaging", "near_duplicate"):
                     if name not in want:
