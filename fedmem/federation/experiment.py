@@ -854,6 +854,9 @@ def _reconstruction_tables(records, cfg, tables, attack_rows, ctx) -> dict:
                 else "beats chance (through booked channels)")
     attack_rows.append(["(a) cardinality reconstruction", rep.rate, f"{rep.queries} queries", "-", "-", "-", "-",
                         records[-1].eps_after if records else 0.0, rverdict])
+    attacks_out = {"reconstruction": {"rate": rep.rate, "ci": list(rep.ci), "chance_rate": rep.chance_rate,
+                                      "queries": rep.queries, "uncovered_answers": sum(r.uncovered for r in released),
+                                      "verdict": rverdict}}
     ctru = [r.count_true for r in records]
     tables.append(Table("(a) Cardinality reconstruction over the adaptive queries",
                         ["target", "queries", "hits", "rate", "95% CI", "chance rate (best constant)",
@@ -893,6 +896,7 @@ def _reconstruction_tables(records, cfg, tables, attack_rows, ctx) -> dict:
                              "averages irrelevant records and zero dummies."))
     _plot_reconstruction(ctx, records, a.tolerance)
     return {
+        "attacks": attacks_out,
         "reconstruction": rep.as_dict(),
         "count_reconstruction": crep.as_dict(),
         "queries": len(records), "forwarded": len(released), "rejected": len(rejected),
@@ -1004,6 +1008,8 @@ def _explain(cfg, m) -> str:
                      f"{m['forwarded_leaky']}; forwarded with a channel the accountant does not cover: "
                      f"{m['forwarded_unbooked']}.")
     for name, x in m.get("attacks", {}).items():
+        if name == "reconstruction":
+            continue      # described above
         if "auc" in x:
             lines.append(f"- {name}: AUC {x['auc']:.3f} (CI {x['auc_ci'][0]:.3f}..{x['auc_ci'][1]:.3f}, "
                          f"n = {x['n_pos']}/{x['n_neg']}), empirical eps >= {x['eps_lower']:.2f} vs booked "
