@@ -336,3 +336,123 @@ def test_cascade_is_default_and_never_outputs_special_tokens(minilm, cascade):
         CascadeProjector(table, probe=10**6)
     with pytest.raises(ValueError, match="projection must be one of"):
         make_projector(table, "hnsw")
+
+
+# ------------------------------------------- labelled per-coordinate (L1) Laplace mode
+from fedmem.agent.dpmind.mechanism import CoordinateLaplace, guarantee_distance, make_mechanism  # noqa: E402
+
+
+class _CoordOverThree(CoordinateLaplace):
+    """Broken: per-coordinate Laplace with a third of the scale, still claiming eps."""
+
+    def sample(self, rng, n=None):
+        return super().sample(rng, n) / 3.0
+
+
+def coordinate_laplace_profile(eps: float, diff: np.ndarray, eps_primes, n: int = 200_000,
+                               seed: int = 123) -> list[float]:
+    """Privacy profile ``delta(eps')`` of per-coordinate Laplace(1/eps) for two inputs with
+    ``a - b = diff``, from the law alone: the privacy loss is
+    ``L = eps (||Z + diff||_1 - ||Z||_1)`` with Z_i iid Laplace(1/eps), and the tight
+    delta is ``E[(1 - e^{eps' - L})_+]``. Z is drawn by the Laplace quantile function
+    ``-sign(u) log(1 - 2|u|) / eps`` on seeded uniforms u in (-1/2, 1/2) (not the sampler
+    under test); the Monte Carlo mean is rounded up by 5 standard errors + 1e-4, so each
+    value is an upper bound except with probability below 3e-7."""
+    diff = np.asarray(diff, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    losses = []
+    for s in range(0, n, 20_000):
+        u = rng.uniform(-0.5, 0.5, size=(min(20_000, n - s), diff.size))
+        z = -np.sign(u) * np.log1p(-2.0 * np.abs(u)) / eps
+        losses.append(eps * (np.abs(z + diff).sum(1) - np.abs(z).sum(1)))
+    loss = np.concatenate(losses)
+    out = []
+    for e in eps_primes:
+        v = np.clip(1.0 - np.exp(e - loss), 0.0, None)
+        out.append(min(1.0, float(v.mean() + 5.0 * v.std() / math.sqrt(v.size) + 1e-4)))
+    return out
+
+
+_L1_PROFILES: dict = {}  # (claimed eps, wa, wb) -> profile; depends on the claim only, not the sampler
+
+
+def _l1_profile_audit(mech, table, projector, wa, wb, n=2000, seed=0):
+    """Largest ``lb(eps') - eps'`` over the L1 claims (worst case ``eps ||a-b||_1`` at delta 0
+    and the profile points), events {output = a} (a vs b) and {output = b} (b vs a);
+    Clopper-Pearson at alpha 1e-4 per event."""
+    a, b = table.tokens.index(wa), table.tokens.index(wb)
+    diff = table.matrix[a].astype(np.float64) - table.matrix[b].astype(np.float64)
+    pert = TokenPerturber(mech, table, projector)
+    out_a = pert.perturb_ids(np.full(n, a), np.random.default_rng(seed))
+    out_b = pert.perturb_ids(np.full(n, b), np.random.default_rng(seed + 1))
+    claims = [(mech.epsilon * np.abs(diff).sum(), 0.0)]
+    key = (mech.epsilon, wa, wb)
+    if key not in _L1_PROFILES:
+        _L1_PROFILES[key] = coordinate_laplace_profile(mech.epsilon, diff, PROFILE_EPS)
+    claims += list(zip(PROFILE_EPS, _L1_PROFILES[key]))
+    excess, detail = -math.inf, []
+    for hit, x_in, x_out in ((a, out_a, out_b), (b, out_b, out_a)):
+        tp, fp = int(np.sum(x_in == hit)), int(np.sum(x_out == hit))
+        for e, dl in claims:
+            lb = epsilon_lower_bound(tp, n, fp, n, delta=dl, alpha=1e-4)
+            excess = max(excess, lb - e)
+            detail.append((round(float(e), 2), round(dl, 4), tp, fp, round(lb, 2)))
+    return excess, detail
+
+
+@pytest.mark.parametrize("variant", ["correct", "noise_over_3"])
+@pytest.mark.parametrize("wa,wb,eps", [("cat", "dog", 1.5), ("cat", "cats", 3.0)])
+def test_l1_mode_privacy_profile_on_real_embeddings(minilm, ivf, wa, wb, eps, variant):
+    """L1 mode: Pr[M(a) = a] <= exp(eps') Pr[M(b) = a] + delta(eps') on the privacy profile
+    of per-coordinate Laplace(1/eps), and the worst case exp(eps ||phi(a) - phi(b)||_1),
+    with Clopper-Pearson bounds; the same check catches a sampler with a third of the
+    noise."""
+    table, _ = minilm
+    cls = CoordinateLaplace if variant == "correct" else _CoordOverThree
+    excess, detail = _l1_profile_audit(cls(eps, 384), table, ivf, wa, wb)
+    assert (excess <= 0.0) == (variant == "correct"), (excess, detail)
+
+
+def _coord_ks(mech, eps_claimed, n=400, seed=9):
+    """KS p-value of all n*d coordinates against Laplace(1/eps_claimed), and of the
+    pairwise products of coordinate signs of neighbouring coordinates against a fair coin
+    (independence)."""
+    z = mech.sample(np.random.default_rng(seed), n)
+    p = stats.kstest(z.ravel(), stats.laplace(scale=1.0 / eps_claimed).cdf).pvalue
+    same = int(np.sum(np.sign(z[:, :-1]) == np.sign(z[:, 1:])))
+    p_ind = stats.binomtest(same, z[:, 1:].size, 0.5).pvalue
+    return p, p_ind
+
+
+def test_l1_noise_law_and_its_broken_companions():
+    """Correct: every coordinate Laplace(1/eps), neighbouring signs independent. The same
+    test flags a doubled epsilon, a third of the scale, and the L2 law (wrong mode)."""
+    p, p_ind = _coord_ks(CoordinateLaplace(7.0, 384), 7.0)
+    assert p > 1e-4 and p_ind > 1e-4
+    assert _coord_ks(CoordinateLaplace(14.0, 384), 7.0)[0] < 1e-6
+    assert _coord_ks(_CoordOverThree(7.0, 384), 7.0)[0] < 1e-6
+    assert _coord_ks(MetricLaplace(7.0, 384), 7.0)[0] < 1e-6
+    # torch generators are accepted and follow the same law
+    import torch
+
+    z = CoordinateLaplace(7.0, 384).sample(torch.Generator().manual_seed(4), 400)
+    assert stats.kstest(z.ravel(), stats.laplace(scale=1 / 7.0).cdf).pvalue > 1e-4
+
+
+def test_l1_mode_selection_and_bad_values(minilm, exact):
+    table, _ = minilm
+    assert isinstance(make_mechanism("l1", 7.0, 384), CoordinateLaplace)
+    assert isinstance(make_mechanism("l2", 7.0, 384), MetricLaplace)
+    with pytest.raises(ValueError, match="mechanism must be one of .* Found 'linf'"):
+        make_mechanism("linf", 7.0, 384)
+    with pytest.raises(ValueError, match="epsilon must be positive. Found -1"):
+        CoordinateLaplace(-1.0, 384)
+    with pytest.raises(ValueError, match="dim"):
+        CoordinateLaplace(1.0, 0)
+    with pytest.raises(ValueError, match="mechanism.dim"):
+        TokenPerturber(CoordinateLaplace(1.0, 10), table, exact)
+    a, b = table.matrix[10], table.matrix[11]
+    assert guarantee_distance(CoordinateLaplace(1.0, 384), a, b) >= guarantee_distance(MetricLaplace(1.0, 384), a, b)
+    out = TokenPerturber(CoordinateLaplace(7.0, 384), table, exact).perturb_ids(np.full(50, 2003),
+                                                                               np.random.default_rng(0))
+    assert out.shape == (50,) and not np.isin(out, sorted(table.special_ids)).any()

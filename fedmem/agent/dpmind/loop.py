@@ -94,6 +94,8 @@ _STOP = frozenset(
     "mentioned provided text given this that these those and or with by from as it its any all some "
     "one do does did me tell please answer question".split())
 _WORD = re.compile(r"[a-z0-9]+")
+# Function words skipped between a cue (or bridge) word and the value that follows it.
+_LEAD = frozenset("is are was were be been a an the of in at to by for from on as located based named".split())
 _SENT = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -116,14 +118,23 @@ class ExtractiveMemoryAgent:
     keep the ``memory_sentences`` best (ties: earlier first), each cut to
     ``sentence_words`` words. Final answer: in the best memory sentence, the words after
     the last cue word (skipping "is", ":" and the like), up to ``answer_words`` words.
+
+    ``hops >= 2`` (multi-hop questions, ``fedmem.bench.multihop``): the words after the
+    last cue word of the best sentence are a *bridge*, not the answer. Memory update
+    also keeps sentences that mention the current bridge (bonus +2 to their score), and
+    the final answer follows the chain: the sentence that shares most words with the
+    bridge (then most cue words, then earliest) gives the next bridge, ``hops - 1``
+    times; the last one's tail is the answer. If the chain breaks (no other sentence
+    shares a word with the bridge), the agent answers "unknown". ``hops = 1`` is exactly the single-hop agent above.
     """
 
     def __init__(self, *, memory_sentences: int = 8, sentence_words: int = 48, answer_words: int = 12,
-                 min_cues: int = 2):
+                 min_cues: int = 2, hops: int = 1):
         self.memory_sentences = V.positive_int("memory_sentences", memory_sentences)
         self.sentence_words = V.positive_int("sentence_words", sentence_words)
         self.answer_words = V.positive_int("answer_words", answer_words)
         self.min_cues = V.positive_int("min_cues", min_cues)
+        self.hops = V.positive_int("hops", hops)
 
     def _score(self, sentence: str, cues: frozenset[str]) -> int:
         return len(cues.intersection(_WORD.findall(sentence.lower())))
@@ -138,6 +149,8 @@ class ExtractiveMemoryAgent:
         return out
 
     def update(self, question: str, memory: str, chunk: str) -> str:
+        if self.hops > 1:
+            return self._update_hops(question, memory, chunk)
         cues = cue_words(question)
         old = [] if memory.strip() in ("", NO_MEMORY) else self._select(memory, cues)
         new = self._select(chunk, cues)
@@ -145,7 +158,88 @@ class ExtractiveMemoryAgent:
         kept = [s for _, (_, s) in ranked[: self.memory_sentences]]
         return "\n".join(kept) if kept else NO_MEMORY
 
+    # ---- multi-hop (hops >= 2)
+    def _sentences(self, text: str) -> list[str]:
+        if text.strip() in ("", NO_MEMORY):
+            return []
+        out = []
+        for line in text.splitlines():  # a memory line is one kept sentence, even if a chunk cut its period
+            for s in _SENT.split(line):
+                s = " ".join(s.split()[: self.sentence_words])
+                if s:
+                    out.append(s)
+        return out
+
+    def _tail(self, sentence: str, marks: frozenset[str]) -> str:
+        """The words after the last word of ``sentence`` that contains a mark, leading function words skipped."""
+        words = sentence.split()
+        hit = [i for i, w in enumerate(words) if marks.intersection(_WORD.findall(w.lower()))]
+        if not hit:
+            return ""
+        tail = words[max(hit) + 1:]
+        while tail and (not _WORD.findall(tail[0].lower())
+                        or all(t in _LEAD for t in _WORD.findall(tail[0].lower()))):
+            tail = tail[1:]
+        text = _tidy(" ".join(tail[: self.answer_words]))
+        return re.split(r"(?<=\w)[.!?](\s|$)", text)[0].strip()
+
+    def _best(self, sents: list[str], cues: frozenset[str]) -> int | None:
+        best = None
+        for i, s in enumerate(sents):
+            sc = self._score(s, cues)
+            if sc >= self.min_cues and (best is None or sc > best[0]):
+                best = (sc, i)
+        return None if best is None else best[1]
+
+    def _bridge(self, sents: list[str], cues: frozenset[str]) -> tuple[int | None, frozenset[str]]:
+        i = self._best(sents, cues)
+        if i is None:
+            return None, frozenset()
+        return i, frozenset(w for w in _WORD.findall(self._tail(sents[i], cues).lower()) if w not in _STOP)
+
+    def _update_hops(self, question: str, memory: str, chunk: str) -> str:
+        cues = cue_words(question)
+        sents = self._sentences(memory) + self._sentences(chunk)
+        src, bridge = self._bridge(sents, cues)
+        ranked = []
+        for i, s in enumerate(sents):
+            sc = self._score(s, cues)
+            linked = i != src and bool(bridge.intersection(_WORD.findall(s.lower())))
+            if sc >= self.min_cues or linked:
+                ranked.append((-(sc + 2 * linked), i, s))
+        kept = [s for _, _, s in sorted(ranked)[: self.memory_sentences]]
+        return "\n".join(kept) if kept else NO_MEMORY
+
+    def _answer_hops(self, question: str, memory: str) -> str:
+        cues = cue_words(question)
+        sents = self._sentences(memory)
+        src, bridge = self._bridge(sents, cues)
+        if src is None:
+            return ""
+        used, answer = {src}, self._tail(sents[src], cues)
+        for _ in range(self.hops - 1):
+            best = None
+            for i, s in enumerate(sents):
+                if i in used:
+                    continue
+                shared = len(bridge.intersection(_WORD.findall(s.lower())))
+                key = (shared, self._score(s, cues), -i)
+                if shared and (best is None or key > best[0]):
+                    best = (key, i)
+            if best is None:
+                return ""  # chain broken: no answer ("unknown")
+            i = best[1]
+            used.add(i)
+            nxt = self._tail(sents[i], cues | bridge)
+            if not nxt:
+                return ""
+            answer = nxt
+            bridge = frozenset(w for w in _WORD.findall(nxt.lower()) if w not in _STOP)
+        return answer
+
     def answer(self, question: str, memory: str) -> str:
+        if self.hops > 1:
+            return self._answer_hops(question, memory)
         cues = cue_words(question)
         best = None
         for sc, s in (self._select(memory, cues) if memory.strip() != NO_MEMORY else []):

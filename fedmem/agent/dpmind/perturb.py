@@ -4,13 +4,15 @@ For every token w_t of the context C = (w_1, ..., w_L) (Algorithm 3, lines 1-6):
 
     phi_t     = phi(w_t)                                   (line 2, the embedding map)
     Z_t       ~ p_Z(z) proportional to exp(-epsilon ||z||_2) (line 3, fedmem.dp.MetricLaplace:
-                radius ~ Gamma(d, 1/epsilon), direction uniform on the sphere; Sec. 3.1)
+                radius ~ Gamma(d, 1/epsilon), direction uniform on the sphere; Sec. 3.1),
+                or, with the labelled "l1" mode, proportional to exp(-epsilon ||z||_1)
+                (per-coordinate Laplace(1/epsilon), ``mechanism.CoordinateLaplace``)
     phi_hat_t = phi_t + Z_t                                (line 4)
     w'_t      = argmin_{u in W} ||phi(u) - phi_hat_t||_2   (line 5, projection)
 
 then C' = (w'_1, ..., w'_L) is split into chunks (line 7). Adding Z_t makes the release
 of phi_hat_t epsilon-d_chi private with d_chi(w, w') = ||phi(w) - phi(w')||_2
-(Definition 3.2, Eq. 1); the projection uses only phi_hat_t, so it is post-processing
+(Definition 3.2, Eq. 1; with "l1" noise the metric is ||phi(w) - phi(w')||_1); the projection uses only phi_hat_t, so it is post-processing
 (Theorem 3.3) and every projector below, exact or approximate, keeps the guarantee. A
 context of L tokens is L independent uses of the mechanism: two contexts differing in
 one position t are epsilon * d_chi(w_t, w~_t)-indistinguishable, and in general the
@@ -46,6 +48,7 @@ import numpy as np
 
 from fedmem import _validate as V
 from fedmem.agent.dpmind.embeddings import TokenTable
+from fedmem.agent.dpmind.mechanism import CoordinateLaplace
 from fedmem.dp import MetricLaplace
 
 
@@ -340,16 +343,21 @@ def make_projector(table: TokenTable, kind: str = DEFAULT_PROJECTION, **kwargs) 
 
 
 class TokenPerturber:
-    """Algorithm 3 as a streaming sampler: a frozen :class:`MetricLaplace` record + table + projector.
+    """Algorithm 3 as a streaming sampler: a frozen noise record + table + projector.
 
     The mechanism record (what is released: epsilon-d_chi noise on phi) is separate from
-    how the nearest token is found (the projector). The RNG is injected per call.
+    how the nearest token is found (the projector). The record is a
+    :class:`MetricLaplace` (L2, the default) or a
+    :class:`~fedmem.agent.dpmind.mechanism.CoordinateLaplace` (L1, per-coordinate
+    Laplace); see ``fedmem.agent.dpmind.mechanism`` for each guarantee. The RNG is
+    injected per call.
     """
 
-    def __init__(self, mechanism: MetricLaplace, table: TokenTable, projector: Projector | None = None,
-                 *, block: int = 8192):
-        if not isinstance(mechanism, MetricLaplace):
-            raise TypeError(f"mechanism must be a MetricLaplace record. Found {type(mechanism).__name__}.")
+    def __init__(self, mechanism: MetricLaplace | CoordinateLaplace, table: TokenTable,
+                 projector: Projector | None = None, *, block: int = 8192):
+        if not isinstance(mechanism, (MetricLaplace, CoordinateLaplace)):
+            raise TypeError(f"mechanism must be a MetricLaplace or CoordinateLaplace record. "
+                            f"Found {type(mechanism).__name__}.")
         if mechanism.dim != table.dim:
             raise ValueError(f"mechanism.dim must equal the table dimension {table.dim}. Found {mechanism.dim!r}.")
         self.mechanism = mechanism
