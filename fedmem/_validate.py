@@ -88,3 +88,23 @@ def rng_check(name: str, rng) -> None:
         f"{name} must be a numpy.random.Generator or torch.Generator (injected RNG). "
         f"Found {type(rng).__name__}."
     )
+
+
+def physical_memory_bytes() -> int | None:
+    """Total physical memory of this machine, or None when it cannot be read."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def memory_problem(what: str, nbytes: float, fraction: float = 0.5) -> str | None:
+    """A problem message when an allocation of ``nbytes`` would need more than ``fraction`` of
+    this machine's memory (``None`` when it fits or the memory cannot be read)."""
+    total = physical_memory_bytes()
+    if total is None or nbytes <= fraction * total:
+        return None
+    return (f"{what} needs about {nbytes / 2**30:.3g} GiB, more than {fraction:.0%} of this machine's "
+            f"{total / 2**30:.3g} GiB; reduce it")

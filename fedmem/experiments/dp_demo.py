@@ -73,13 +73,19 @@ def run(cfg, ctx) -> Result:
                      budget=(cfg.release.budget_epsilon, cfg.release.delta))
     noise_rng = ctx.rng("noise")
     rows, errors, refused = [], [], 0
-    for i in ctx.progress(range(cfg.release.attempts), description="mean releases"):
+    attempts = cfg.release.attempts
+    for i in ctx.progress(range(attempts), description="mean releases"):
         try:
             acc.book(mech.event(), label=f"mean release {i}")
         except BudgetExceeded:
-            refused += 1
-            rows.append([i, "refused by budget", "-", acc.spent(cfg.release.delta)])
-            continue
+            # every attempt books the same event and budgets only grow: once one is refused, all
+            # later ones are too. Stop here instead of looping through the rest (they are refused).
+            rest = attempts - i
+            refused += rest
+            rows.append([i if rest == 1 else f"{i}..{attempts - 1}",
+                         "refused by budget" + ("" if rest == 1 else f" (all {rest}: the budget is spent)"), "-",
+                         acc.spent(cfg.release.delta)])
+            break
         released = mech.release(exact, noise_rng, sampling=cfg.release.sampling)
         err = float(np.sqrt(np.mean((released - exact) ** 2)))
         errors.append(err)
@@ -129,7 +135,25 @@ def run(cfg, ctx) -> Result:
     )
 
 
+def cross_checks(cfg) -> list[tuple[str, str]]:
+    """Problems found before anything runs: sizes that cannot fit, epsilons no solver can calibrate."""
+    from fedmem import _validate as V
+
+    problems = []
+    d, r = cfg.data, cfg.release
+    mem = V.memory_problem(f"data.records={d.records} x data.dim={d.dim}", 3.0 * 8.0 * d.records * d.dim)
+    if mem:
+        problems.append(("data.records", mem))
+    try:
+        GaussianMechanism.calibrate(r.epsilon, r.delta, 1.0)
+    except (ValueError, ArithmeticError, RuntimeError) as exc:
+        problems.append(("release.epsilon", f"cannot calibrate a Gaussian mechanism for epsilon={r.epsilon!r}, "
+                                            f"delta={r.delta!r} ({type(exc).__name__}); use a moderate epsilon "
+                                            "(e.g. 0.01-50)"))
+    return problems
+
+
 EXPERIMENTS = {
     "dp.demo": Experiment("dp.demo", "Tour of the DP core: calibrated releases, budgeted accountant, ledger.",
-                          SCHEMA, run),
+                          SCHEMA, run, cross_checks),
 }

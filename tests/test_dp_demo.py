@@ -1,0 +1,29 @@
+"""dp.demo refuses impossible sizes and epsilons up front, and stops when the budget is spent."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from fedmem import cli
+
+DEMO = Path(__file__).resolve().parent.parent / "scenarios" / "dp_demo.toml"
+
+
+def test_huge_sizes_and_epsilons_are_refused_before_running(tmp_path, capsys):
+    assert cli.main(["run", str(DEMO), "--set", "data.records=1000000000000", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert "data.records" in err and "GiB" in err and "Traceback" not in err
+    assert cli.main(["run", str(DEMO), "--set", "release.epsilon=1e300", "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "release.epsilon" in err and "Traceback" not in err
+
+
+def test_attempts_stop_when_the_budget_is_spent(tmp_path, capsys):
+    t0 = time.perf_counter()
+    assert cli.main(["run", str(DEMO), "--set", "release.attempts=1000000000", "--json",
+                     "--out", str(tmp_path / "c")]) == 0
+    assert time.perf_counter() - t0 < 60
+    m = json.loads(capsys.readouterr().out)["metrics"]
+    assert m["released"] == 13 and m["released"] + m["refused"] == 1_000_000_000
