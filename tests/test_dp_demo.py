@@ -27,3 +27,10 @@ def test_attempts_stop_when_the_budget_is_spent(tmp_path, capsys):
     assert time.perf_counter() - t0 < 60
     m = json.loads(capsys.readouterr().out)["metrics"]
     assert m["released"] == 13 and m["released"] + m["refused"] == 1_000_000_000
+
+
+def test_brace_extreme_epsilon_is_a_scenario_error(tmp_path, capsys):
+    scen = DEMO.parent / "brace_synthetic.toml"
+    assert cli.main(["run", str(scen), "--set", "mechanism.epsilon=1e308", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "mechanism.epsilon" in err and "Traceback" not in err

@@ -41,14 +41,19 @@ def _params(r, T, eps, delta, d, kappa, gamma) -> BraceParams:
     return BraceParams(r=r, T=T, epsilon=eps, delta=delta, d=d, kappa=kappa, gamma=_gamma(gamma))
 
 
-def _gamma_check(eps_list, delta, T_list, d, gamma, key) -> list[tuple[str, str]]:
-    if gamma == 0:
-        return []
+def _gamma_check(eps_list, delta, T_list, d, gamma, key, eps_key="mechanism.epsilon") -> list[tuple[str, str]]:
     out = []
     for e in eps_list:
         for T in T_list:
-            g = gamma_max(e, delta, T, d)
-            if gamma > g:
+            try:
+                g = gamma_max(e, delta, T, d)
+                if not np.isfinite(g):
+                    raise OverflowError("non-finite gamma")
+            except (ArithmeticError, ValueError) as exc:
+                out.append((eps_key, f"epsilon={e!r} cannot be calibrated with delta={delta!r}, T={T} "
+                                     f"({type(exc).__name__}); use a moderate epsilon (e.g. 0.1-50)"))
+                continue
+            if gamma != 0 and gamma > g:
                 out.append((key, f"gamma={gamma} violates Eq. (8) for epsilon={e}, T={T}, d={d} "
                                  f"(largest valid gamma {g:.4g}); use 0 for the largest valid value"))
     return out
@@ -307,7 +312,7 @@ METHODS = ("BRACE", "Naive DAM", "global-noise DAM", "clean endpoint + noise", "
 
 def _dig_cross(cfg):
     return _gamma_check(cfg.grid.epsilons, cfg.mechanism.delta, cfg.grid.T, 2, cfg.mechanism.gamma,
-                        "mechanism.gamma")
+                        "mechanism.gamma", eps_key="grid.epsilons")
 
 
 def _boot(per_query: np.ndarray, idx: np.ndarray) -> tuple[float, float, float]:
