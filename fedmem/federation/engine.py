@@ -33,7 +33,7 @@ batch). Dead hosts are re-created from the data on the next call;
 Timing: a refused query is not computed and an admitted one is computed by its route's
 policy; both are decided from public state, so *whether* work happens reveals nothing.
 The computation itself is oblivious (fixed-size packets and circuits); the timing attack
-of :mod:`fedmem.attacks.gateway` measures what is left.
+of :mod:`fedmem.attacks.observable` measures what is left.
 
 Shares never pass through the driver: every host ``ray.put``s its per-party packets
 and hands the driver only the object refs (and public shard ids); each compute party
