@@ -1,30 +1,32 @@
 """``federation.support_leak``: papers/003's 40-shard attack scenario, undefended or defended.
 
 One run builds clustered shards (:mod:`fedmem.bench.shards`), a :class:`Federation`
-configured from ``[federation]`` (a mirror of :class:`FederationConfig`), and attacks
-it with the adversaries of :mod:`fedmem.attacks`:
+configured from ``[federation]`` (a mirror of :class:`FederationConfig`; the security
+keys are required), and runs the adversary library of :mod:`fedmem.attacks` through the
+public client API only (``Federation.connect()``):
 
-(a) **reconstruction**: an :class:`~fedmem.attacks.adaptive.AdaptiveAdversary` asks
-    ``attack.queries`` adaptive queries; each released response's support channel is
-    read back into a contributing-set size (non-zero receipts, else the count, else the
-    noise scale) and compared with the truth (within ``attack.tolerance`` shards).
-    The gateway's verdicts are checked on the same stream: every forwarded response is
-    classified as support-leaky or not from the ground truth, and every query's
-    bookings are compared with the channels it emitted.
-(b) **differencing** and (c) **noise_scale** membership games: for each of
-    ``attack.targets`` candidate records the adversary faces a world *with* the record
-    (``with_record``) and one *without* it; it asks a query aimed at the record
-    ``attack.repeats`` times per world. (b) scores the record's shard receipt minus the
-    receipt of a reference run on the world it knows (the neighbour without the record,
-    as in the DP game); (c) scores the released mean's projection on the record's value.
-    Each yields AUC (+ CI), TPR at 1% and 5% FPR and a Clopper-Pearson epsilon lower
-    bound, beside the epsilon booked for one query.
+(a) **reconstruction**: an :class:`~fedmem.attacks.adaptive.AdaptiveAdversary` (one
+    principal) asks ``attack.queries`` adaptive queries; each answer's support channel is
+    read back into a contributing-set size and compared with the truth. Every forwarded
+    response is classified as support-leaky or not from the ground truth, and its
+    bookings are compared with the channels it carried.
+Membership games (:func:`run_games`): for each of ``attack.targets`` worst-case candidate
+    records, a world with it and one without, alive at once; every trial from a fresh
+    principal, the epsilon booked for it read from the federation's accountant. Attacks:
+    (b) differencing, (c) noise scale, refusal content, admission oracle (offline boundary
+    search), timing (interleaved), silent-retry and near-duplicate averaging. Each gives
+    AUC (+CI), TPR@1%FPR, a Clopper-Pearson epsilon lower bound and a verdict against the
+    booked epsilon (:func:`fedmem.attacks.observable.verdict`). The games lift the budgets
+    (budget refusals are public, lifting them only helps the adversary).
+**principal spreading** (:func:`run_spreading`): a Sybil over many principals with fresh
+    labels, under the scenario's real budgets.
 (d) **retries**: one query re-asked ``r`` times (declared and silent); the averaged
     release's error and the booked epsilon after ``r`` releases.
 
-The report has tables (attack metrics, reconstruction, utility, gateway, rejections,
-booked vs empirical epsilon, retries) and plots (reconstructed vs true cardinality,
-membership ROC with the DP ceiling of the booked epsilon, booked vs empirical epsilon).
+The report has tables (attack metrics with one verdict each and an overall verdict,
+reconstruction, gateway and accounting, refusals by reason, utility, spreading,
+retries) and plots (reconstructed vs true cardinality, membership ROC with the DP
+ceiling of the booked epsilon, booked vs empirical epsilon).
 """
 
 from __future__ import annotations
@@ -1031,7 +1033,8 @@ def _explain(cfg, m) -> str:
 EXPERIMENTS = {
     "federation.support_leak": Experiment(
         "federation.support_leak",
-        "papers/003 40-shard support-leak scenario: adaptive adversary, cardinality reconstruction, "
-        "differencing membership, noise-scale and retry attacks, with or without the gateway.",
+        "papers/003 support-leak scenario: the whole adversary library (reconstruction, differencing, noise "
+        "scale, refusal content, admission oracle, timing, retry/near-duplicate averaging, principal "
+        "spreading) against an undefended or defended federation, one verdict per attack.",
         SCHEMA, run, cross_checks),
 }
