@@ -45,3 +45,4 @@ def get_experiment(kind: str):
 
 def known_kinds() -> list[str]:
     return [k for kinds in KINDS.values() for k in kinds]
+FAMILIES["agents"], KINDS["agents"] = "fedmem.agent.session_experiment", ("agents.session",)  # AgentClient (issue 11)
