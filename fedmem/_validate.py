@@ -90,6 +90,13 @@ def rng_check(name: str, rng) -> None:
     )
 
 
+def positive_or_inf(name: str, value) -> float:
+    """A positive number where ``math.inf`` means "disabled" (e.g. a budget)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or value <= 0:
+        raise ValueError(f"{name} must be positive (math.inf disables it). Found {value!r}.")
+    return float(value)
+
+
 def physical_memory_bytes() -> int | None:
     """Total physical memory of this machine, or None when it cannot be read."""
     import os

@@ -80,12 +80,17 @@ def fingerprint(obs: Observation) -> str:
     return f"answered|{getattr(r, 'selection', '')}|{','.join(getattr(r, 'channels', ()))}"
 
 
+def observations(results, latency_s: float) -> list[Observation]:
+    """One :class:`Observation` per entry of a ``retrieve_many`` result (a Response or a refusal)."""
+    return [Observation(None, r, latency_s) if isinstance(r, BaseException) else Observation(r, None, latency_s)
+            for r in results]
+
+
 def observe_batch(client, qs, families=None) -> list[Observation]:
     """Ask a batch through ``client.retrieve_many``; latency is the batch time per query."""
     t0 = time.perf_counter()
     got = client.retrieve_many(qs, families)
-    dt = (time.perf_counter() - t0) / max(1, len(got))
-    return [Observation(None, r, dt) if isinstance(r, BaseException) else Observation(r, None, dt) for r in got]
+    return observations(got, (time.perf_counter() - t0) / max(1, len(got)))
 
 
 def observe_one(client, q) -> Observation:

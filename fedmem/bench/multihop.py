@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 from fedmem import _validate as V
-from fedmem.bench.niah import NiahQuestion, NiahSample, _essay_sentence
+from fedmem.bench.niah import NiahQuestion, NiahSample, _essay_sentence, word_token_counter
 
 # Entity name material: syllables, so that names are invented, varied and single words.
 _SYL_A = ("ka ve lo mi ra to su ne da fi go ha jo lu ma pe qui ri sa ti vo ze bra cle dro fla gri".split())
@@ -105,15 +105,7 @@ def make_multihop_sample(length_tokens: int, *, chain_type: str, rng: np.random.
     facts = []  # chain j's hop-1 fact at 2j, its hop-2 fact at 2j + 1
     for j, (a, b, c) in enumerate(chains):
         facts += [(j, 0, f1.format(a=a, b=b)), (j, 1, f2.format(b=b, c=c))]
-    words: dict[str, int] = {}
-
-    def cnt(text: str) -> int:
-        total_ = 0
-        for w in text.split():
-            if w not in words:
-                words[w] = count_tokens(w)
-            total_ += words[w]
-        return total_
+    cnt = word_token_counter(count_tokens)
 
     total = sum(cnt(s) for _, _, s in facts)
     sentences: list[str] = []

@@ -103,6 +103,22 @@ def _key(rng: np.random.Generator, taken: set) -> str:
             return k
 
 
+def word_token_counter(count_tokens):
+    """A memoised sentence token counter: word-piece tokenizers split on whitespace first, so
+    a sentence's token count is the sum over its words (exact for the MiniLM/BERT tokenizer)."""
+    words: dict[str, int] = {}
+
+    def cnt(text: str) -> int:
+        total = 0
+        for w in text.split():
+            if w not in words:
+                words[w] = count_tokens(w)
+            total += words[w]
+        return total
+
+    return cnt
+
+
 def make_sample(length_tokens: int, *, haystack: str, needle: str, task: str, rng: np.random.Generator,
                 count_tokens: Callable[[str], int], n_keys: int = 4) -> NiahSample:
     """One NIAH sample of about ``length_tokens`` tokens (never fewer)."""
@@ -121,17 +137,7 @@ def make_sample(length_tokens: int, *, haystack: str, needle: str, task: str, rn
     for _ in range(n):
         k, v = _key(rng, keys_taken), _value(needle, rng, vals_taken)
         needles.append((k, v, f"One of the special magic {noun} for {k} is: {v}."))
-    words: dict[str, int] = {}
-
-    def cnt(text: str) -> int:
-        # Word-piece tokenizers split on whitespace first, so a sentence's token count is
-        # the sum over its words (exact for the MiniLM/BERT tokenizer).
-        total_ = 0
-        for w in text.split():
-            if w not in words:
-                words[w] = count_tokens(w)
-            total_ += words[w]
-        return total_
+    cnt = word_token_counter(count_tokens)
 
     needle_tokens = sum(cnt(s) for _, _, s in needles)
     # Haystack sentences until the target length is reached.

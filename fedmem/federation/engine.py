@@ -47,7 +47,6 @@ and bytes (public: functions of the batch shape only) are carried into every
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,9 +114,7 @@ class FederationConfig:
             V.positive(name, getattr(self, name))
         V.open_unit("delta", self.delta)
         for name in _BUDGETS:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v <= 0:
-                raise ValueError(f"{name} must be positive (math.inf disables it). Found {v!r}.")
+            V.positive_or_inf(name, getattr(self, name))
         t = V.finite("threshold", self.threshold)
         if not -1.0 <= t <= 1.0:
             raise ValueError(f"threshold must be a cosine similarity in [-1, 1]. Found {self.threshold!r}.")

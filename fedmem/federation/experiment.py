@@ -181,17 +181,13 @@ class Services:
     """Ray and the compute parties, started once per run and shared by every world's Federation.
 
     A run that finds Ray already initialised (or is given ``--ray-address``) attaches and
-    leaves the cluster running; otherwise it starts a local Ray (2 CPUs) and stops it at
-    the end. One set of compute parties (CrypTen actors or the plaintext reference)
+    leaves the cluster running; otherwise it starts a private local Ray (``fedmem._ray``, sized
+    by the scenario's ``[ray]`` table) and stops it at the end. One set of compute parties (CrypTen actors or the plaintext reference)
     serves all Federations of the run, so the membership games do not restart CrypTen.
     """
 
     def __init__(self, cfg, ray_address):
         self.owns_ray, self.parties = False, None
-        try:
-            import ray
-        except ImportError:  # pragma: no cover - ray is a hard dependency
-            return
         from fedmem._ray import ensure_ray
 
         opts = cfg.get("ray", {}) if hasattr(cfg, "get") else {}
@@ -448,7 +444,7 @@ def _ask_trials(fed, qs, per_trial: int, max_batch: int):
     principal, batched across principals. Returns (observations, epsilon booked per trial), the
     latter read from the federation's own per-principal accountant (what it charged, not what
     the responses claim)."""
-    from fedmem.attacks.observable import Observation
+    from fedmem.attacks.observable import observations
 
     qs = np.asarray(qs, dtype=np.float64)
     n_trials = qs.shape[0] // per_trial
@@ -458,8 +454,7 @@ def _ask_trials(fed, qs, per_trial: int, max_batch: int):
     for i in range(0, len(plist), max_batch):
         t0 = time.perf_counter()
         got = fed.retrieve_many(qs[i:i + max_batch], principal=plist[i:i + max_batch])
-        dt = (time.perf_counter() - t0) / max(1, len(got))
-        obs += [Observation(None, r, dt) if isinstance(r, BaseException) else Observation(r, None, dt) for r in got]
+        obs += observations(got, (time.perf_counter() - t0) / max(1, len(got)))
     return obs, [fed.gateway.principal_spent(p) for p in pids]
 
 
@@ -850,14 +845,12 @@ def _reconstruction_tables(records, cfg, tables, attack_rows, ctx) -> dict:
     mses = [r.mse for r in released if math.isfinite(r.mse)]
     channel_use = Counter(r.channel_used for r in records)
     reasons = Counter(reason for r in records for reason in r.reasons if not reason.startswith("("))
-    first = next((r for r in records if r.released), None)
-    uncovered_any = any(r.uncovered for r in released)
-    rverdict = ("LEAKS BEYOND BOOKED" if uncovered_any else "at chance" if rep.at_chance
+    rverdict = ("LEAKS BEYOND BOOKED" if unbooked else "at chance" if rep.at_chance
                 else "beats chance (through booked channels)")
     attack_rows.append(["(a) cardinality reconstruction", rep.rate, f"{rep.queries} queries", "-", "-", "-", "-",
                         records[-1].eps_after if records else 0.0, rverdict])
     attacks_out = {"reconstruction": {"rate": rep.rate, "ci": list(rep.ci), "chance_rate": rep.chance_rate,
-                                      "queries": rep.queries, "uncovered_answers": sum(r.uncovered for r in released),
+                                      "queries": rep.queries, "uncovered_answers": len(unbooked),
                                       "verdict": rverdict}}
     ctru = [r.count_true for r in records]
     tables.append(Table("(a) Cardinality reconstruction over the adaptive queries",

@@ -104,13 +104,6 @@ class Decision:
         return self.route is not None
 
 
-def _finite_or_inf(name: str, value) -> float:
-    v = float(value) if not isinstance(value, bool) else value
-    if not isinstance(v, float) or math.isnan(v) or v <= 0:
-        raise ValueError(f"{name} must be positive (math.inf disables it). Found {value!r}.")
-    return v
-
-
 class Gateway:
     """Data-independent admission, per-principal and total budgets, atomic durable booking."""
 
@@ -123,10 +116,10 @@ class Gateway:
             raise TypeError(f"enabled must be a bool. Found {enabled!r}.")
         self.accountant = accountant
         self.enabled = enabled
-        self.support_budget_bits = _finite_or_inf("support_budget_bits", support_budget_bits)
-        self.total_support_budget_bits = _finite_or_inf("total_support_budget_bits", total_support_budget_bits)
-        self.epsilon_budget = _finite_or_inf("epsilon_budget", epsilon_budget)
-        self.total_epsilon_budget = _finite_or_inf("total_epsilon_budget", total_epsilon_budget)
+        self.support_budget_bits = V.positive_or_inf("support_budget_bits", support_budget_bits)
+        self.total_support_budget_bits = V.positive_or_inf("total_support_budget_bits", total_support_budget_bits)
+        self.epsilon_budget = V.positive_or_inf("epsilon_budget", epsilon_budget)
+        self.total_epsilon_budget = V.positive_or_inf("total_epsilon_budget", total_epsilon_budget)
         self.delta = V.open_unit("delta", delta)
         self.name = federation or accountant.name
         self.store = accountant.store
@@ -226,15 +219,13 @@ class Gateway:
             if self.enabled and not plan.bookable:
                 reasons.append("unbookable" if route == "primary" else "fallback:unbookable")
                 continue
-            ok = True
-            for acc, events, cap, why in self._caps(principal, plan):
-                if not acc.fits(self._pending[acc.name] + list(events), cap):
-                    reasons.append(why if route == "primary" else f"fallback:{why}")
-                    ok = False
-                    break
-            if not ok:
+            caps = self._caps(principal, plan)
+            why = next((why for acc, events, cap, why in caps
+                        if not acc.fits(self._pending[acc.name] + list(events), cap)), None)
+            if why is not None:
+                reasons.append(why if route == "primary" else f"fallback:{why}")
                 continue
-            for acc, events, _, _ in self._caps(principal, plan):
+            for acc, events, _, _ in caps:
                 self._pending[acc.name] += list(events)
             return Decision(query_id, principal, family, retry_of, route, tuple(reasons), math.nan)
         return Decision(query_id, principal, family, retry_of, None, tuple(reasons), math.nan)
@@ -256,9 +247,6 @@ class Gateway:
             if ev is not None:
                 entries.append((acc, ev, cap))
         return book_together(entries, label)
-
-    def leak_bits(self, principal: str) -> float:
-        return self.support_bits(principal)
 
     # ------------------------------------------------------------------ diagnostics
     def record_count(self, family: str, count) -> None:

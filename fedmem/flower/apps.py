@@ -36,9 +36,8 @@ import time
 
 import numpy as np
 from flwr.client import NumPyClient
-from flwr.common import FitIns, FitRes, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from fedmem.bench.shards import make_clustered_shards, with_record

@@ -159,8 +159,8 @@ def run(cfg, ctx) -> Result:
             yield "Flower + fedmem gateway, querying agent (released aggregate)", recs, "agent", eps_round
             yield "Flower + fedmem gateway, server strategy (reply set, num_examples)", recs, "server", eps_round
 
-    rows, mrows, metrics = [], [], {"epsilon_per_round_booked": eps_round, "flower_claimed_eps_per_round":
-                                    eps_flower_claim, "wall_s": {k: v["wall_s"] for k, v in runs.items()}}
+    rows, metrics = [], {"epsilon_per_round_booked": eps_round, "flower_claimed_eps_per_round":
+                              eps_flower_claim, "wall_s": {k: v["wall_s"] for k, v in runs.items()}}
     mrng = ctx.rng("audit")
     for dep in ("stock", "gateway"):
         for label, recs, who, booked in views(dep):
