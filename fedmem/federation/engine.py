@@ -38,7 +38,7 @@ of :mod:`fedmem.attacks.observable` measures what is left.
 Shares never pass through the driver: every host ``ray.put``s its per-party packets
 and hands the driver only the object refs (and public shard ids); each compute party
 fetches its own packets from the host's node (``mpc.CryptenParties``, phase ``load``).
-Hosts are spread over the cluster's nodes (``scheduling_strategy="SPREAD"``) and the
+Hosts are spread round-robin over the cluster's alive nodes (soft node affinity) and the
 parties go to distinct nodes when there are enough (docs/cluster.md). The MPC's rounds
 and bytes (public: functions of the batch shape only) are carried into every
 :class:`Response` and :class:`AuditRecord` (``mpc_rounds``, ``mpc_bytes``, ``mpc_batch``).
@@ -300,9 +300,23 @@ class Federation:
             raise
 
     # ------------------------------------------------------------------ hosts
+    @staticmethod
+    def _host_placement(h: int):
+        """Host ``h`` goes to alive node ``h mod N`` (soft affinity: elsewhere if that node is gone).
+
+        Ray's ``SPREAD`` is only best effort, and zero-CPU host actors often all land on one
+        node; round-robin over the alive nodes spreads them deterministically."""
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+        if len(nodes) <= 1:
+            return "DEFAULT"
+        return NodeAffinitySchedulingStrategy(nodes[h % len(nodes)], soft=True)
+
     def _new_host(self, h: int):
         ids = self._split[h]
-        cls = host_actor_class().options(scheduling_strategy="SPREAD")   # hosts over the cluster's nodes
+        cls = host_actor_class().options(scheduling_strategy=self._host_placement(h))
         kw = dict(clip=self.config.clip, k_local=self.config.k_local, n_parties=self.config.parties,
                   seed=int(self._seed_rng.integers(0, 2**63)))
         if getattr(self.data, "generated_at_hosts", False):   # a ShardRecipe: each host generates its shards
