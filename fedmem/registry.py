@@ -13,7 +13,7 @@ import importlib
 
 FAMILIES: dict[str, str] = {
     "dp": "fedmem.experiments.dp_demo",
-    "federation": "fedmem.federation.experiment",
+    "federation": "fedmem.experiments.support_leak",
     "brace": "fedmem.agent.brace.experiment",
     "dpmind": "fedmem.agent.dpmind.experiment",
     "memview": "fedmem.agent.memview.experiment",

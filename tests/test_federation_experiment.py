@@ -79,7 +79,7 @@ def test_shipped_scenarios_validate():
         sc = load_scenario(p)
         f = sc.config.federation
         assert f.shards == 40 and sc.config.attack.queries == 300 and f.sigma == 1.2 and f.delta == 1e-6
-        assert set(sc.config.attack.attacks) == set(__import__("fedmem.federation.experiment",
+        assert set(sc.config.attack.attacks) == set(__import__("fedmem.attacks.federation_games",
                                                                fromlist=["ATTACKS"]).ATTACKS)
         text = p.read_text()
         if not f.gateway:      # every undefended setting is explicit in the file
@@ -153,10 +153,10 @@ def test_undefended_scenario_keeps_the_papers_leaks(tmp_path, ray_local):
 
 # ---- broken federations: each caught by the same attack that passes the real one above
 def _broken(monkeypatch, make):
-    from fedmem.federation import experiment as E
+    from fedmem.federation import services
     from fedmem.federation.engine import Federation
 
-    monkeypatch.setattr(E, "make_federation", lambda config, data, **kw: make(Federation)(config, data, **kw))
+    monkeypatch.setattr(services, "make_federation", lambda config, data, **kw: make(Federation)(config, data, **kw))
 
 
 def _count_in_refusal(Federation):

@@ -95,3 +95,148 @@ def run_session(agents, worlds) -> list[list]:
             if t < len(w.tasks):
                 out[i].append(a.step(w.tasks[t]))
     return out
+
+
+# --------------------------------------------------------------------------- actors
+class ActorSession:
+    """One Ray actor per user (:class:`~fedmem.agent.actors.AgentHost`) against one federation service.
+
+    Files under ``out_dir``: ``federation.sqlite`` (the federation's per-principal
+    accountants) and ``ledgers/<user>.sqlite`` (each agent's own ledger). Ray must be
+    initialised (``fedmem._ray.ensure_ray``); :meth:`close` kills only the actors this
+    session started. Use as a context manager.
+    """
+
+    def __init__(self, worlds, fed_config, data, config: AgentConfig, out_dir, *, seed: int,
+                 agent_cpus: float | None = None, agent_cls=None, step_delay_s: float = 0.0):
+        import time
+        from pathlib import Path
+
+        import ray
+
+        from fedmem.agent.actors import DEFAULT_AGENT_CPUS, agent_actor_class, start_observer
+        from fedmem.agent.dpmind import load_minilm
+        from fedmem.agent.federation_service import start_federation_service, start_projector_service
+
+        if not ray.is_initialized():
+            raise RuntimeError("ActorSession needs Ray: call fedmem._ray.ensure_ray() first.")
+        cpus = DEFAULT_AGENT_CPUS if agent_cpus is None else V.positive("agent_cpus", agent_cpus)
+        self.worlds = list(worlds)
+        self.out_dir = Path(out_dir)
+        (self.out_dir / "ledgers").mkdir(parents=True, exist_ok=True)
+        self.fed_path = self.out_dir / "federation.sqlite"
+        ss = np.random.SeedSequence(int(seed))
+        s_fed, s_agents = ss.spawn(2)
+        self._handles = []
+        self.timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        try:
+            self.fed = start_federation_service(fed_config, data, self.fed_path,
+                                                seed=int(s_fed.generate_state(1)[0]))
+            self._handles.append(self.fed)
+            self.fed_info = ray.get(self.fed.info.remote())
+            self.projector = start_projector_service()
+            self.app = start_observer("app")
+            self.external = start_observer("external")
+            self._handles += [self.projector, self.app, self.external]
+            table, _ = load_minilm()
+            table_ref = ray.put(table)
+            cls = agent_actor_class(cpus)
+            seeds = s_agents.generate_state(len(self.worlds), dtype=np.uint64)
+            self.ledger_paths = {w.user: self.out_dir / "ledgers" / f"{w.user}.sqlite" for w in self.worlds}
+            self.timings["services_s"] = time.perf_counter() - t0
+            self.actors = {}
+            for w, s in zip(self.worlds, seeds):
+                self.actors[w.user] = cls.remote(w, config, str(self.ledger_paths[w.user]), self.fed, self.fed_info,
+                                                 table_ref, self.projector, int(s), app=self.app,
+                                                 external=self.external, agent_cls=agent_cls,
+                                                 step_delay_s=step_delay_s)
+                self._handles.append(self.actors[w.user])
+            self.principals = dict(zip(self.actors, ray.get([a.ping.remote() for a in self.actors.values()])))
+            self.timings["actors_s"] = time.perf_counter() - t0 - self.timings["services_s"]
+        except BaseException:
+            self.close()
+            raise
+        self.config = config
+        self.dead: dict[str, dict] = {}
+        self._pending: dict = {}
+
+    def submit(self):
+        """Queue every task of every agent (an actor runs its calls in order; agents run concurrently)."""
+        n = max(len(w.tasks) for w in self.worlds)
+        for t in range(n):
+            for w in self.worlds:
+                if t < len(w.tasks) and w.user not in self.dead:
+                    self._pending[self.actors[w.user].step.remote(w.tasks[t].index)] = (w.user, w.tasks[t].index)
+        return list(self._pending)
+
+    def gather(self) -> dict:
+        """Results per user in task order; an agent whose actor died is recorded in ``dead`` with the
+        task it was running, and the others go on."""
+        import ray
+
+        out: dict[str, list] = {w.user: [] for w in self.worlds}
+        step_s: list[float] = []
+        refs = list(self._pending)
+        while refs:
+            ready, refs = ray.wait(refs, num_returns=1)
+            user, t = self._pending.pop(ready[0])
+            try:
+                res, dt = ray.get(ready[0])
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as exc:  # noqa: PERF203
+                d = self.dead.setdefault(user, {"task": t, "error": type(exc).__name__, "lost_tasks": []})
+                d["task"] = min(d["task"], t)
+                d["lost_tasks"].append(t)
+                continue
+            out[user].append(res)
+            step_s.append(dt)
+        for u in out:
+            out[u].sort(key=lambda r: r.task)
+        self.step_s = step_s
+        return out
+
+    def run(self) -> dict:
+        self.submit()
+        return self.gather()
+
+    def alive(self) -> list[str]:
+        return [w.user for w in self.worlds if w.user not in self.dead]
+
+    def call(self, method: str, *args) -> dict:
+        """``method`` on every live agent, as {user: result}."""
+        import ray
+
+        users = self.alive()
+        vals = ray.get([getattr(self.actors[u], method).remote(*args) for u in users])
+        return dict(zip(users, vals))
+
+    def reopen_ledger(self, user: str):
+        """A fresh :class:`AgentLedger` on the agent's files (what survives the actor or the driver)."""
+        from fedmem.agent.client import AgentLedger
+        from fedmem.dp import DurableStore
+
+        w = next(w for w in self.worlds if w.user == user)
+        return AgentLedger(user, DurableStore(self.ledger_paths[user]), self.config, w.pair.policy.attributes,
+                           federation_store=DurableStore(self.fed_path), federation_accountant=self.fed_info["accountant"],
+                           principal=self.principals[user], federation_delta=self.fed_info["delta"])
+
+    def close(self) -> None:
+        import ray
+
+        if getattr(self, "_handles", None) and getattr(self, "fed", None) is not None:
+            try:
+                ray.get(self.fed.close.remote(), timeout=30)
+            except Exception:  # noqa: BLE001
+                pass
+        for h in getattr(self, "_handles", []):
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self._handles = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

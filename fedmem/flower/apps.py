@@ -116,18 +116,23 @@ class ShardClient(NumPyClient):
     """One shard (module docstring). ``drop``: {round: True} makes this client fail that round."""
 
     def __init__(self, spec_json: str, shard: int, *, contract: str, k_local: int, threshold: float,
-                 grid: SecAggGrid, drop_rounds=(), offset_units: int = 0):
+                 grid: SecAggGrid, drop_rounds=(), offset_units: int = 0, stall_rounds=(), stall_s: float = 0.0):
         if contract not in CONTRACTS:
             raise ValueError(f"contract must be one of {CONTRACTS}. Found {contract!r}.")
         self.spec_json, self.shard, self.contract = spec_json, int(shard), contract
         self.k_local, self.threshold, self.grid = int(k_local), float(threshold), grid
         self.drop_rounds = set(drop_rounds)
+        self.stall_rounds = set(stall_rounds)
+        self.stall_s = float(stall_s)
         self.offset_units = int(offset_units)
 
     def fit(self, parameters, config):
         rnd = int(config["round"])
         if rnd in self.drop_rounds:
             raise RuntimeError(f"shard {self.shard} dropped in round {rnd} (injected fault)")
+        if rnd in self.stall_rounds:
+            # Silent dropout: the reply comes after the round's deadline (the server never hears of it in time).
+            time.sleep(self.stall_s)
         q = np.frombuffer(config["query"], dtype=np.float64)
         x = client_vector(self.spec_json, self.shard, q, int(config["world"]), int(config["target"]),
                           self.k_local, self.threshold, self.grid)
@@ -142,21 +147,26 @@ class ShardClient(NumPyClient):
 
 
 def make_client_app(spec_json: str, *, contract: str, k_local: int, threshold: float, grid: SecAggGrid,
-                    flower_dp: bool = False, drops: dict | None = None, offset_units: int | None = None):
+                    flower_dp: bool = False, drops: dict | None = None, offset_units: int | None = None,
+                    stalls: dict | None = None, stall_s: float = 0.0):
     """A Flower ``ClientApp`` of shards with ``secaggplus_mod`` (and ``fixedclipping_mod`` for Flower DP).
 
     ``drops``: {partition_id: [rounds]} clients that fail (raise) in those rounds.
+    ``stalls``: {partition_id: [rounds]} clients that reply ``stall_s`` seconds late in those rounds
+    (after the round's deadline: a silent dropout, no error message reaches the server).
     """
     from flwr.client import ClientApp
     from flwr.client.mod import fixedclipping_mod, secaggplus_mod
 
     drops = {int(k): tuple(v) for k, v in (drops or {}).items()}
+    stalls = {int(k): tuple(v) for k, v in (stalls or {}).items()}
     offset = (1 if flower_dp else 0) if offset_units is None else int(offset_units)
 
     def client_fn(context):
         pid = int(context.node_config["partition-id"])
         return ShardClient(spec_json, pid, contract=contract, k_local=k_local, threshold=threshold, grid=grid,
-                           drop_rounds=drops.get(pid, ()), offset_units=offset).to_client()
+                           drop_rounds=drops.get(pid, ()), offset_units=offset, stall_rounds=stalls.get(pid, ()),
+                           stall_s=stall_s).to_client()
 
     mods = [secaggplus_mod] + ([fixedclipping_mod] if flower_dp else [])
     return ClientApp(client_fn=client_fn, mods=mods)
@@ -178,6 +188,7 @@ class QueryStrategy(Strategy):
         self.contract = contract
         self.offset_units = int(offset_units)
         self.fixed_sums: dict[int, np.ndarray] = {}
+        self.aggregates: dict[int, np.ndarray] = {}   # what this strategy returned (before any DP wrapper noise)
         self._zero = ndarrays_to_parameters([np.zeros(self.value_dim + 1)])
 
     def __repr__(self) -> str:
@@ -204,6 +215,7 @@ class QueryStrategy(Strategy):
             agg = self.grid.to_float(fixed) / len(results)
         else:
             agg = agg - self.offset_units * self.grid.step
+        self.aggregates[server_round] = np.asarray(agg, dtype=np.float64).copy()
         return ndarrays_to_parameters([agg]), {}
 
     def configure_evaluate(self, server_round, parameters, client_manager):
@@ -248,6 +260,7 @@ class Recorder(Strategy):
         params, metrics = self.strategy.aggregate_fit(server_round, results, failures)
         rec["output"] = None if params is None else parameters_to_ndarrays(params)[0].astype(np.float64)
         rec["output_metrics"] = dict(metrics or {})
+        rec["t_aggregated"] = time.perf_counter()
         return params, metrics
 
     def configure_evaluate(self, server_round, parameters, client_manager):

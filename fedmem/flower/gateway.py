@@ -262,7 +262,16 @@ class SupportGatewayStrategy(Strategy):
         return instructions
 
     def _drop(self, server_round: int) -> None:
-        if self._open.pop(server_round, None) is not None:
+        """Close every round still open at ``server_round``'s start: its ``aggregate_fit`` never came
+        (e.g. ``SecAggPlusWorkflow`` halted for lack of shares). Nothing was released or booked for
+        it; it is logged as a fault and its pending charge is released."""
+        stale = [r for r in self._open if r <= server_round]
+        for r in stale:
+            decision, sampled = self._open.pop(r)
+            if r < server_round:
+                self.audit.append(RoundRecord(r, decision.query_id, "fault", ("no_aggregate_fit",),
+                                              sampled=len(sampled)))
+        if stale:
             self.gateway.clear_pending()
 
     def _contract_faults(self, sampled: set, results, failures) -> list[str]:

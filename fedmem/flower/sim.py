@@ -21,10 +21,18 @@ reopen). Deployments (``spec["deployment"]``):
 * ``"gateway_stock_clients"``: the gateway in front of stock clients (it must refuse
   every round: ``num_examples`` is an exact channel).
 * ``"plain"``: SecAgg+ only, fedmem contract, no DP and no gateway (for the bit-exact test).
+
+Faults (``spec``): ``drops`` ({partition id: [rounds]}) clients raise in ``fit`` (the
+masked-vector stage of SecAgg+: an error reply, which Flower reports as a failure);
+``stalls`` ({partition id: [rounds]}) clients reply ``stall_s`` seconds late, after the
+round's deadline (``round_timeouts`` {round: seconds}, else ``timeout_s``): a silent
+dropout, the server just gets fewer replies. The deadline is public configuration set on
+``SecAggPlusWorkflow.timeout`` per round (:class:`_RoundDeadlines`).
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import time
@@ -42,11 +50,38 @@ def _check(spec: dict) -> None:
         raise ValueError(f"dp must be 'flower' or 'fedmem' for the gateway deployment. Found {spec.get('dp')!r}.")
 
 
+class _RoundDeadlines:
+    """A fit workflow: ``SecAggPlusWorkflow`` with a per-round deadline (its ``timeout`` attribute)."""
+
+    def __init__(self, workflow, default, per_round: dict):
+        self.workflow, self.default = workflow, default
+        self.per_round = {int(k): float(v) for k, v in (per_round or {}).items()}
+
+    def __call__(self, grid, context) -> None:
+        from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, Key
+
+        rnd = int(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND])
+        self.workflow.timeout = self.per_round.get(rnd, self.default)
+        return self.workflow(grid, context)
+
+
+class _Warnings(logging.Handler):
+    """Collects the messages of Flower's WARNING-or-worse log records (e.g. the reply-count warning)."""
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record) -> None:
+        try:
+            self.messages.append(record.getMessage())
+        except Exception:  # noqa: BLE001 - a broken record must not break the simulation
+            self.messages.append(str(record.msg))
+
+
 def _run(spec: dict) -> dict:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    import logging
-
     from flwr.app import Context
     from flwr.server import LegacyContext, ServerApp, ServerConfig
     from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping
@@ -60,6 +95,8 @@ def _run(spec: dict) -> dict:
     from fedmem.flower.gateway import SupportGatewayStrategy
 
     logging.getLogger("flwr").setLevel(spec.get("flwr_log_level", logging.WARNING))
+    warn = _Warnings()
+    logging.getLogger("flwr").addHandler(warn)
     dep = spec["deployment"]
     grid = SecAggGrid(spec["clipping_range"])
     m = spec["shards"]
@@ -93,18 +130,18 @@ def _run(spec: dict) -> dict:
     @server_app.main()
     def main(grid_, context: Context) -> None:
         ctx = LegacyContext(context=context, config=ServerConfig(num_rounds=len(rounds)), strategy=top)
-        wf = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(num_shares=spec["num_shares"],
-                                                             reconstruction_threshold=spec["reconstruction_threshold"],
-                                                             clipping_range=grid.clipping_range,
-                                                             quantization_range=grid.quantization_range,
-                                                             modulus_range=grid.modulus_range,
-                                                             max_weight=float(spec["k_local"]),
-                                                             timeout=spec.get("timeout_s")))
+        secagg = SecAggPlusWorkflow(num_shares=spec["num_shares"],
+                                    reconstruction_threshold=spec["reconstruction_threshold"],
+                                    clipping_range=grid.clipping_range, quantization_range=grid.quantization_range,
+                                    modulus_range=grid.modulus_range, max_weight=float(spec["k_local"]),
+                                    timeout=spec.get("timeout_s"))
+        wf = DefaultWorkflow(fit_workflow=_RoundDeadlines(secagg, spec.get("timeout_s"), spec.get("round_timeouts")))
         wf(grid_, ctx)
 
     client_app = make_client_app(spec["world"], contract=contract, k_local=spec["k_local"],
                                  threshold=spec["threshold"], grid=grid, flower_dp=flower_dp,
-                                 drops=spec.get("drops"), offset_units=offset)
+                                 drops=spec.get("drops"), offset_units=offset, stalls=spec.get("stalls"),
+                                 stall_s=float(spec.get("stall_s", 0.0)))
     init_args = local_options(spec.get("num_cpus", 2))
     init_args.pop("log_to_driver", None)
     backend = {"init_args": {**init_args, "log_to_driver": False},
@@ -112,8 +149,14 @@ def _run(spec: dict) -> dict:
     t0 = time.perf_counter()
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=m, backend_config=backend)
     wall = time.perf_counter() - t0
+    logging.getLogger("flwr").removeHandler(warn)
     out = {"records": [top.records[k] for k in sorted(top.records)], "fixed_sums": query.fixed_sums,
-           "wall_s": wall, "gateway": None}
+           "aggregates": query.aggregates, "wall_s": wall, "gateway": None, "flwr_warnings": warn.messages,
+           "noise_std_on_mean": None}
+    if flower_dp:   # what Flower's wrapper adds to the mean: N(0, (sigma_f C_f / num_sampled_clients)^2)
+        out["noise_std_on_mean"] = spec["flower_sigma"] * spec["flower_clip"] / m
+    elif gw is not None:
+        out["noise_std_on_mean"] = gw.noise_std_on_sum / m
     if gw is not None:
         out["gateway"] = {"audit": [r.__dict__ for r in gw.audit], "principal": gw.principal,
                           "multiplier": gw.multiplier, "epsilon_per_round": gw.epsilon_per_round,

@@ -1,0 +1,77 @@
+"""Engine glue of the federation experiments: Ray and compute parties started once per run,
+the scenario's ``[federation]`` section turned into a :class:`FederationConfig`, and the
+clustered shard data.
+
+Used by the ``federation.support_leak`` experiment (:mod:`fedmem.experiments.support_leak`)
+and its attack games (:mod:`fedmem.attacks.federation_games`). ``make_federation`` is an
+indirection so tests can substitute a deliberately broken federation with the same API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+
+def federation_config(cfg):
+    """``FederationConfig`` from the ``[federation]`` section (keys it does not know are dropped)."""
+    from fedmem.federation.engine import FederationConfig
+
+    names = {f.name for f in fields(FederationConfig)}
+    return FederationConfig(**{k: v for k, v in cfg.federation.to_dict().items() if k in names})
+
+
+def make_federation(config, data, *, accountant, rng, ray_address, parties=None):
+    """Indirection so tests can substitute a small fake with the same API."""
+    from fedmem.federation.engine import Federation
+
+    return Federation(config, data, accountant=accountant, rng=rng, ray_address=ray_address, parties=parties)
+
+
+class Services:
+    """Ray and the compute parties, started once per run and shared by every world's Federation.
+
+    A run that finds Ray already initialised (or is given ``--ray-address``) attaches and
+    leaves the cluster running; otherwise it starts a private local Ray (``fedmem._ray``, sized
+    by the scenario's ``[ray]`` table) and stops it at the end. One set of compute parties
+    (CrypTen actors or the plaintext reference) serves all Federations of the run, so the
+    membership games do not restart CrypTen.
+    """
+
+    def __init__(self, cfg, ray_address):
+        self.owns_ray, self.parties = False, None
+        from fedmem._ray import ensure_ray
+
+        opts = cfg.get("ray", {}) if hasattr(cfg, "get") else {}
+        self.owns_ray = ensure_ray(ray_address, num_cpus=opts.get("num_cpus") or None,
+                                   object_store_mb=opts.get("object_store_mb") or None)
+        from fedmem.federation import mpc
+
+        f = cfg.federation
+        try:
+            self.parties = (mpc.PlaintextParties(f.parties) if f.mpc == "plaintext"
+                            else mpc.CryptenParties(f.parties, timeout_s=max(60.0, f.timeout_s),
+                                                    placement="pack" if self.owns_ray else "auto"))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        if self.parties is not None:
+            try:
+                self.parties.close()
+            finally:
+                self.parties = None
+        if self.owns_ray:
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+            self.owns_ray = False
+
+
+def make_data(cfg, rng):
+    from fedmem.bench.shards import make_clustered_shards
+
+    f = cfg.federation
+    return make_clustered_shards(f.shards, f.records_per_shard, f.key_dim, f.value_dim, f.clip, rng,
+                                 clusters=cfg.data.clusters, spread=cfg.data.spread)
