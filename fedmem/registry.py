@@ -16,7 +16,7 @@ FAMILIES: dict[str, str] = {
     "federation": "fedmem.experiments.support_leak",
     "brace": "fedmem.agent.brace.experiment",
     "dpmind": "fedmem.agent.dpmind.experiment",
-    "memview": "fedmem.agent.memview.experiment",
+    "memview": "fedmem.experiments.memview",
 }
 
 KINDS: dict[str, tuple[str, ...]] = {

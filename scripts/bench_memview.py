@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from fedmem.agent.memview.baselines import ALL_METHODS  # noqa: E402
-from fedmem.agent.memview.experiment import Bench  # noqa: E402
+from fedmem.experiments.memview import Bench  # noqa: E402
 from fedmem.embeddings import SentenceEmbedder  # noqa: E402
 from fedmem.report import RunContext  # noqa: E402
 from fedmem.scenario import load_scenario  # noqa: E402

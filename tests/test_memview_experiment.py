@@ -13,7 +13,7 @@ import pytest
 import fedmem.embeddings as E
 from fedmem.agent.llm import ECHO_MARK, TemplateResponder
 from fedmem.agent.memview.baselines import output_filter, run_method
-from fedmem.agent.memview.experiment import EXPERIMENTS, UTILITY_COLUMNS, _auc_ceiling, _states_only_true_facts
+from fedmem.experiments.memview import EXPERIMENTS, UTILITY_COLUMNS, _auc_ceiling, _states_only_true_facts
 from fedmem.attacks.memview_auditor import audit, prefix_features
 from fedmem.bench import pairedmem as pm
 from fedmem.errors import ScenarioError
