@@ -105,14 +105,16 @@ def test_invalid_scenario_lists_every_problem_once(tmp_path):
     assert res.returncode == 2
     assert "Traceback" not in res.stderr and res.stdout == ""
     err = res.stderr
-    assert err.startswith("fedmem: 10 problems in scenario:")
-    expected = ["colour: unknown key", "seed: must be non-negative", "data.records: must be positive",
+    assert err.startswith("fedmem: 13 problems in scenario:")
+    expected = ["release.budget_epsilon: missing required key", "selection.cap: missing required key",
+                "selection.epsilon: missing required key", "colour: unknown key", "seed: must be non-negative",
+                "data.records: must be positive",
                 "data.dim: must be an integer", "release.epsilon: must be finite",
                 "release.delta: must be in the open interval (0, 1)", "release.attempts: must be positive",
                 "release.sampling: must be one of", "selection.turn: unknown key", "--set nonsense"]
     for e in expected:
         assert err.count(e) == 1, (e, err)
-    assert err.count(str(bad)) == 9  # every file problem names the file
+    assert err.count(str(bad)) == 12  # every file problem names the file
     assert not (REPO / "runs").exists() or not any(p.name.startswith("bad-") for p in (REPO / "runs").iterdir())
 
 

@@ -84,8 +84,8 @@ _COMMON = {
                                   check=lambda v: None if 0 <= v <= 1 else f"must be in [0, 1], found {v!r}"),
     },
     "budget": {
-        "cap": Param(float, 2.0, "per-attribute cap B_a", check=positive),
-        "K": Param(int, 3, "online budget granularity K (eps = B_a / K)", check=positive),
+        "cap": Param(float, help="required: per-attribute cap B_a", check=positive),
+        "K": Param(int, help="required: online budget granularity K (eps = B_a / K)", check=positive),
     },
     "run": {
         "seeds": Param(list, [0, 1, 2], "EM seeds of the stochastic methods (paper: 0, 1, 2)", item_type=int,
@@ -111,7 +111,7 @@ _COMMON = {
 
 def _schema(extra=None, methods_default=TABLE2_METHODS, drop=()):
     s = {k: dict(v) for k, v in _COMMON.items() if k not in drop}
-    s["run"]["methods"] = Param(list, list(methods_default), "methods to run", item_type=str,
+    s["run"]["methods"] = Param(list, help=f"required: methods to run (e.g. {list(methods_default)})", item_type=str,
                                 check=lambda v: None if set(v) <= set(ALL_METHODS) and v
                                 else f"must be a non-empty subset of {list(ALL_METHODS)}, found {v!r}")
     if extra:
@@ -549,10 +549,10 @@ def run_table4(cfg, ctx) -> Result:
 
 _SWEEP = {
     "sweep": {
-        "caps": Param(list, [1.0, 2.0, 4.0, 8.0], "caps B_a swept at fixed K", item_type=float, check=nonempty),
-        "K_for_caps": Param(int, 3, "K used in the cap sweep", check=positive),
-        "Ks": Param(list, [2, 3, 4], "granularities K swept at fixed B_a", item_type=int, check=nonempty),
-        "cap_for_K": Param(float, 2.0, "B_a used in the K sweep", check=positive),
+        "caps": Param(list, help="required: caps B_a swept at fixed K", item_type=float, check=nonempty),
+        "K_for_caps": Param(int, help="required: K used in the cap sweep", check=positive),
+        "Ks": Param(list, help="required: granularities K swept at fixed B_a", item_type=int, check=nonempty),
+        "cap_for_K": Param(float, help="required: B_a used in the K sweep", check=positive),
     }
 }
 
