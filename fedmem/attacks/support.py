@@ -255,14 +255,15 @@ def effective_epsilon(sigma: float, n_realized: int, n_calibrated: int, delta: f
 
     The mean's sensitivity is ``C/n_realized`` but the noise is ``sigma * C /
     n_calibrated``, so the true noise multiplier is ``sigma * n_realized /
-    n_calibrated`` (papers/003, "Noise-scale mismatch"). Analytic Gaussian epsilon.
+    n_calibrated`` (papers/003, "Noise-scale mismatch"): the aggregator's
+    :func:`~fedmem.federation.aggregator.delivered_epsilon` at that multiplier.
     """
-    from fedmem.dp import GaussianMechanism
+    from fedmem.federation.aggregator import delivered_epsilon
 
     sigma = V.positive("sigma", sigma)
     n_realized = V.positive_int("n_realized", n_realized)
     n_calibrated = V.positive_int("n_calibrated", n_calibrated)
-    return GaussianMechanism.from_noise_multiplier(sigma * n_realized / n_calibrated).epsilon(delta)
+    return delivered_epsilon("gaussian", sigma * n_realized / n_calibrated, delta)
 
 
 # ----------------------------------------------------------------- membership audit
