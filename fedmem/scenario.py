@@ -15,8 +15,6 @@ Every scenario also has the common keys ``kind``, ``name``, ``description`` and
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -25,58 +23,10 @@ from typing import Any, Callable, Mapping
 
 from fedmem.errors import ScenarioError
 
-_REQUIRED = object()
-
-
-@dataclass(frozen=True)
-class Param:
-    """One scenario key: type, default (omit for required), help, and checks.
-
-    ``check(value)`` returns an error message or ``None``. ``choices`` restricts the
-    value to a set. ``float`` keys accept integers. ``type=list`` keys may give
-    ``item_type`` for their elements. ``allow_inf`` lets a float key be ``inf`` (TOML
-    ``inf``), e.g. a budget that is explicitly disabled.
-    """
-
-    type: type | tuple[type, ...] = float
-    default: Any = _REQUIRED
-    help: str = ""
-    choices: tuple | None = None
-    check: Callable[[Any], str | None] | None = None
-    item_type: type | None = None
-    allow_inf: bool = False
-
-    @property
-    def required(self) -> bool:
-        return self.default is _REQUIRED
-
-
-# ---------------------------------------------------------------- reusable checks
-def positive(v) -> str | None:
-    return None if v > 0 else f"must be positive, found {v!r}"
-
-
-def nonnegative(v) -> str | None:
-    return None if v >= 0 else f"must be non-negative, found {v!r}"
-
-
-def open_unit(v) -> str | None:
-    return None if 0 < v < 1 else f"must be in the open interval (0, 1), found {v!r}"
-
-
-def at_least(n) -> Callable[[Any], str | None]:
-    return lambda v: None if v >= n else f"must be >= {n}, found {v!r}"
-
-
-def each(check) -> Callable[[Any], str | None]:
-    def run(values):
-        for i, v in enumerate(values):
-            msg = check(v)
-            if msg:
-                return f"item {i}: {msg}"
-        return None
-
-    return run
+# Param and the reusable checks live in fedmem.params (one source of truth shared with the
+# configuration dataclasses); re-exported here for experiment modules.
+from fedmem.params import (  # noqa: F401
+    REQUIRED, Param, at_least, between, each, nonempty, nonempty_each, nonnegative, open_unit, positive)
 
 
 def safe_name(v) -> str | None:
@@ -89,15 +39,6 @@ def safe_name(v) -> str | None:
     if "\x00" in v:
         return f"must not contain a NUL character, found {v!r}"
     return None
-
-
-def nonempty(v) -> str | None:
-    return None if len(v) > 0 else "must not be empty"
-
-
-def nonempty_each(check) -> Callable[[Any], str | None]:
-    """A non-empty list whose every item passes ``check``."""
-    return lambda values: nonempty(values) or each(check)(values)
 
 
 Schema = Mapping[str, "Param | Schema"]
@@ -169,28 +110,6 @@ class Scenario:
 
 
 # ---------------------------------------------------------------- validation
-def _type_ok(value, p: Param) -> bool:
-    types = p.type if isinstance(p.type, tuple) else (p.type,)
-    for t in types:
-        if t is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
-            return True
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        if t not in (float, int) and isinstance(value, t):
-            return True
-    return False
-
-
-def _type_name(p: Param) -> str:
-    types = p.type if isinstance(p.type, tuple) else (p.type,)
-    names = {float: "number", int: "integer", str: "string", bool: "boolean", list: "list", dict: "table"}
-    return " or ".join(names.get(t, t.__name__) for t in types)
-
-
-def _article(noun: str) -> str:
-    return ("an " if noun[:1] in "aeiou" else "a ") + noun
-
-
 def _validate(data: Mapping, schema: Schema, prefix: str, problems: list, out: dict) -> None:
     for key in data:
         if key not in schema:
@@ -208,34 +127,16 @@ def _validate(data: Mapping, schema: Schema, prefix: str, problems: list, out: d
             continue
         if key not in data:
             if spec.required:
-                problems.append((loc, f"missing required key ({spec.help or _type_name(spec)})"))
+                problems.append((loc, f"missing required key ({spec.help or spec.type_name()})"))
             else:
                 out[key] = spec.default
             continue
         value = data[key]
-        if not _type_ok(value, spec):
-            problems.append((loc, f"must be {_article(_type_name(spec))}, found {value!r} ({type(value).__name__})"))
+        msg = spec.problem(value)
+        if msg:
+            problems.append((loc, msg))
             continue
-        if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and not
-                                                               (spec.allow_inf and value > 0))):
-            problems.append((loc, f"must be finite, found {value!r}"))
-            continue
-        if spec.item_type is not None and isinstance(value, list):
-            bad = [v for v in value if not _type_ok(v, Param(spec.item_type))]
-            if bad:
-                problems.append((loc, f"items must be {_type_name(Param(spec.item_type))}, found {bad[0]!r}"))
-                continue
-        if spec.choices is not None and value not in spec.choices:
-            problems.append((loc, f"must be one of {list(spec.choices)}, found {value!r}"))
-            continue
-        if spec.check is not None:
-            msg = spec.check(value)
-            if msg:
-                problems.append((loc, msg))
-                continue
-        if spec.type is float and isinstance(value, int):
-            value = float(value)
-        out[key] = value
+        out[key] = spec.coerce(value)
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -333,7 +234,7 @@ def describe_schema(schema: Schema, prefix: str = "") -> list[tuple[str, str, st
             extra = f" One of {list(spec.choices)}." if spec.choices else ""
             if extra and spec.help and not spec.help.endswith("."):
                 extra = "." + extra
-            rows.append((prefix + key, _type_name(spec), default, (spec.help + extra).strip()))
+            rows.append((prefix + key, spec.type_name(), default, (spec.help + extra).strip()))
     return rows
 
 
