@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -215,3 +216,51 @@ def test_ordinary_scenario_names_accepted(name):
 
     demo = Path(__file__).resolve().parent.parent / "scenarios" / "dp_demo.toml"
     assert load_scenario(demo, [f'name="{name}"']).name == name
+
+
+# ---------------------------------------------------------------- one source of truth for a kind's knobs
+GATEWAY_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "support_leak_40_gateway.toml"
+FEDERATION_BAD = [("shards", 0), ("threshold", 2.0), ("gateway", "yes"), ("epsilon_budget", NAN),
+                  ("delta", 1.5), ("mpc", "garbled"), ("sigma", -1.0), ("max_batch", 2.5)]
+
+
+@pytest.mark.parametrize("name, value", FEDERATION_BAD)
+def test_federation_config_and_scenario_reject_alike(name, value):
+    """FederationConfig and the scenario's [federation] section read the same knob: the same value is
+    refused by both with the same message (naming the key and the value)."""
+    from fedmem.errors import ScenarioError
+    from fedmem.federation.config import FederationConfig
+    from fedmem.scenario import load_scenario
+
+    with pytest.raises(ValueError) as api:
+        FederationConfig(**{name: value})
+    msg = str(api.value)
+    assert msg.startswith(f"{name} ") and repr(value) in msg
+    with pytest.raises(ScenarioError) as sc:
+        load_scenario(GATEWAY_SCENARIO, [f"federation.{name}={value!r}".replace("'", '"')])
+    assert f"federation.{name}: {msg[len(name) + 1:]}" in str(sc.value)
+
+
+def test_federation_scenario_section_is_derived_from_the_dataclass():
+    from fedmem.experiments.support_leak import FEDERATION_SCHEMA, SECURITY_KEYS
+    from fedmem.federation.config import FederationConfig
+    from fedmem.params import params_of
+
+    knobs = params_of(FederationConfig)
+    assert set(FEDERATION_SCHEMA) == set(knobs)
+    for name, p in FEDERATION_SCHEMA.items():
+        assert p.check is knobs[name].check and p.choices == knobs[name].choices
+        assert p.required == (name in SECURITY_KEYS)
+        if not p.required:
+            assert p.default == getattr(FederationConfig(), name)
+
+
+def test_federation_cross_field_rules_are_shared():
+    from fedmem.errors import ScenarioError
+    from fedmem.federation.config import FederationConfig
+    from fedmem.scenario import load_scenario
+
+    with pytest.raises(ValueError, match="k_local=60 exceeds records_per_shard=50"):
+        FederationConfig(k_local=60)
+    with pytest.raises(ScenarioError, match="federation.k_local: k_local=60 exceeds records_per_shard=50"):
+        load_scenario(GATEWAY_SCENARIO, ["federation.k_local=60"])

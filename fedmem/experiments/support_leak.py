@@ -41,51 +41,17 @@ from fedmem.attacks.federation_games import (ATTACKS, GAME_ATTACKS, QueryRecord,
                                              run_reconstruction, run_retries, run_spreading)
 from fedmem.experiments.support_leak_plots import _plot_eps, _plot_reconstruction, _plot_roc
 from fedmem.federation import services
+from fedmem.federation.config import FederationConfig
+from fedmem.params import schema_of
 from fedmem.report import Result, Table
 from fedmem.scenario import Experiment, Param, at_least, nonnegative, open_unit, positive
 
 # ---------------------------------------------------------------------------- schema
-FEDERATION_SCHEMA = {
-    "shards": Param(int, 40, "number of memory shards", check=positive),
-    "records_per_shard": Param(int, 50, "records on each shard", check=positive),
-    "key_dim": Param(int, 128, "key embedding dimension", check=positive),
-    "value_dim": Param(int, 128, "value vector dimension (the released aggregate)", check=positive),
-    "clip": Param(float, 1.0, "value vectors are clipped to this L2 norm C", check=positive),
-    "k_local": Param(int, 5, "k': candidates each shard sends, padded to exactly k'", check=positive),
-    "selection": Param(str, help="global selection rule (required: it decides the support)",
-                       choices=("topk", "threshold", "broadcast")),
-    "k": Param(int, 5, "global k of topk selection", check=positive),
-    "threshold": Param(float, 0.5, "score threshold of threshold selection (cosine)"),
-    "parties": Param(int, 2, "MPC compute parties (2 or 3)", choices=(2, 3)),
-    "mpc": Param(str, "crypten", "MPC backend: crypten (real secret sharing) or plaintext (bit-identical reference)",
-                 choices=("crypten", "plaintext")),
-    "noise": Param(str, "gaussian", "central DP noise on the aggregate", choices=("gaussian", "laplace")),
-    "sigma": Param(float, 1.2, "noise multiplier (noise std = sigma * sensitivity)", check=positive),
-    "delta": Param(float, 1e-6, "delta of the accountant and of every Gaussian release", check=open_unit),
-    "calibration": Param(str, help="required. realized: noise calibrated to the denominator applied; global: noise "
-                         "sized for n_bound (papers/003's flawed practice; refused with the gateway on and a "
-                         "data-dependent count)", choices=("global", "realized")),
-    "n_bound": Param(int, 40, "contributor count assumed by global calibration", check=positive),
-    "receipts": Param(str, help="receipt (per-shard tally) policy (required)",
-                      choices=("expose", "suppress", "noised", "broadcast")),
-    "receipt_sigma": Param(float, 1.0, "noise multiplier of noised tallies", check=positive),
-    "gateway": Param(bool, help="required: run the support-leak gateway (papers/003 Decision Boundary); false = "
-                     "undefended"),
-    "on_reject": Param(str, help="required. gateway: refuse, or answer by the support-safe broadcast when the primary "
-                       "release cannot be admitted", choices=("raise", "rerun_broadcast")),
-    "support_budget_bits": Param(float, help="required: support-channel bits allowed per principal (inf disables)",
-                                 check=positive, allow_inf=True),
-    "total_support_budget_bits": Param(float, help="required: support-channel bits allowed over all principals (inf "
-                                       "disables)", check=positive, allow_inf=True),
-    "epsilon_budget": Param(float, help="required: epsilon (at delta) allowed per principal (inf disables)",
-                            check=positive, allow_inf=True),
-    "total_epsilon_budget": Param(float, help="required: epsilon (at delta) allowed over all principals (inf disables)",
-                                  check=positive, allow_inf=True),
-    "max_batch": Param(int, 1024, "most queries per retrieve_many call", check=positive),
-    "sampling": Param(str, "fast", "noise sampler", choices=("fast", "secure")),
-    "timeout_s": Param(float, 30.0, "timeout of every remote call", check=positive),
-    "hosts": Param(int, 2, "shard-host Ray actors (shards are split among them)", check=positive),
-}
+# The [federation] section is FederationConfig's own knobs (one source of truth); a scenario
+# must state every key that decides what leaves the federation and what is booked.
+SECURITY_KEYS = ("selection", "calibration", "receipts", "gateway", "on_reject", "support_budget_bits",
+                 "total_support_budget_bits", "epsilon_budget", "total_epsilon_budget")
+FEDERATION_SCHEMA = schema_of(FederationConfig, required=SECURITY_KEYS)
 
 SCHEMA = {
     "federation": FEDERATION_SCHEMA,
@@ -130,32 +96,13 @@ SCHEMA = {
 
 
 def cross_checks(cfg) -> list[tuple[str, str]]:
-    """Cross-field problems, all reported at once (ScenarioError lists them)."""
-    f, problems = cfg.federation, []
-    cap = f.shards * f.k_local
-    if f.selection == "topk" and f.k > cap:
-        problems.append(("federation.k", f"k={f.k} is larger than the candidates sent, shards*k_local={cap}"))
-    if f.k_local > f.records_per_shard:
-        problems.append(("federation.k_local",
-                         f"k_local={f.k_local} exceeds records_per_shard={f.records_per_shard}"))
-    if f.selection == "threshold" and not -1.0 <= f.threshold <= 1.0:
-        problems.append(("federation.threshold", f"cosine threshold must be in [-1, 1], found {f.threshold!r}"))
-    if f.calibration == "global" and f.n_bound > cap:
-        problems.append(("federation.n_bound", f"n_bound={f.n_bound} exceeds the most contributors possible, "
-                                               f"shards*k_local={cap}"))
-    if f.hosts > f.shards:
-        problems.append(("federation.hosts", f"hosts={f.hosts} exceeds shards={f.shards}"))
+    """Cross-field problems, all reported at once (ScenarioError lists them): FederationConfig's own
+    rules, plus one a scenario file must make explicit (broadcast receipts need broadcast selection)."""
+    f = cfg.federation
+    problems = [(f"federation.{key}", msg) for key, msg in FederationConfig.problems(f)]
     if f.receipts == "broadcast" and f.selection != "broadcast":
         problems.append(("federation.receipts", "receipts='broadcast' needs selection='broadcast' "
                                                 f"(found selection={f.selection!r})"))
-    if f.mpc == "crypten" and f.parties not in (2, 3):
-        problems.append(("federation.parties", f"crypten needs 2 or 3 parties, found {f.parties}"))
-    if f.gateway and f.calibration == "global" and f.selection == "threshold" and f.receipts != "broadcast":
-        problems.append(("federation.calibration",
-                         "calibration='global' with selection='threshold' cannot be defended (gateway=true): the "
-                         "delivered noise depends on the exact selected count, and refusing by |n - n_bound| would "
-                         "make the refusal itself a leak; use calibration='realized', selection='topk' or "
-                         "'broadcast', or gateway=false to demonstrate the leak"))
     return problems
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Federation": "engine", "FederationConfig": "engine", "Response": "engine", "Truth": "engine",
+    "Federation": "engine", "FederationConfig": "config", "Response": "engine", "Truth": "engine",
     "AuditRecord": "engine", "MemoryClient": "client", "Gateway": "gateway", "Aggregator": "aggregator",
     "ReleasePolicy": "aggregator", "Release": "aggregator", "Channel": "aggregator",
 }

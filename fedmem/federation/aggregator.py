@@ -81,12 +81,9 @@ import numpy as np
 
 from fedmem import _validate as V
 from fedmem.dp import Accountant, GaussianMechanism, LaplaceMechanism
+from fedmem.federation.config import CALIBRATIONS, NOISES, RECEIPTS, SELECTIONS
 from fedmem.federation.sharing import SelectionSpec
 
-SELECTIONS = ("topk", "threshold", "broadcast")
-NOISES = ("gaussian", "laplace")
-CALIBRATIONS = ("global", "realized")
-RECEIPTS = ("expose", "suppress", "noised", "broadcast")
 CHANNEL_KINDS = ("dp", "derived", "public", "exact")
 
 TALLY_L2 = math.sqrt(2.0)

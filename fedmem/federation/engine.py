@@ -54,105 +54,11 @@ import numpy as np
 from fedmem import _validate as V
 from fedmem.dp import Accountant
 from fedmem.errors import BudgetExceeded, FederationFault, MpcFailure
-from fedmem.federation.aggregator import (
-    CALIBRATIONS, NOISES, RECEIPTS, SELECTIONS, Aggregator, Release, ReleasePolicy,
-)
+from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
+from fedmem.federation.config import FederationConfig
 from fedmem.federation.gateway import ANONYMOUS, Decision, Gateway, refusal
 from fedmem.federation.shard_host import host_actor_class, split_shards
 from fedmem.federation.sharing import decode, encode
-
-MPCS = ("crypten", "plaintext")
-ON_REJECT = ("raise", "rerun_broadcast")
-_BUDGETS = ("epsilon_budget", "total_epsilon_budget", "support_budget_bits", "total_support_budget_bits")
-
-
-@dataclass(frozen=True)
-class FederationConfig:
-    """Every knob of one federation (validated at construction; ``ValueError`` names the field).
-
-    The defaults are a **defended** federation: top-k selection (public count), noise
-    calibrated to the realized denominator, no receipts, the gateway on, and budgets per
-    principal and in total. Every undefended setting (``gateway=False``, exposed receipts,
-    global calibration, ``math.inf`` budgets) must be asked for explicitly.
-    """
-
-    shards: int = 40
-    records_per_shard: int = 50
-    key_dim: int = 128
-    value_dim: int = 128
-    clip: float = 1.0                  # value vectors clipped to L2 norm <= clip
-    k_local: int = 5                   # k': candidates each shard sends, padded to exactly k_local
-    selection: str = "topk"            # "topk" | "threshold" | "broadcast"
-    k: int = 5
-    threshold: float = 0.5
-    parties: int = 2
-    mpc: str = "crypten"               # "crypten" | "plaintext"
-    noise: str = "gaussian"            # "gaussian" | "laplace"
-    sigma: float = 1.2                 # noise multiplier (noise std = sigma * sensitivity)
-    delta: float = 1e-6
-    calibration: str = "realized"      # "realized" (noise for the applied denominator) | "global" (n_bound)
-    n_bound: int = 40                  # global calibration's assumed contributor count
-    receipts: str = "suppress"         # "expose" | "suppress" | "noised" | "broadcast"
-    receipt_sigma: float = 1.0         # noise multiplier of noised tallies
-    gateway: bool = True
-    on_reject: str = "raise"           # "raise" | "rerun_broadcast"
-    support_budget_bits: float = 1.0   # per principal; math.inf disables
-    total_support_budget_bits: float = 4.0
-    epsilon_budget: float = 10.0       # per principal, at delta; math.inf disables
-    total_epsilon_budget: float = 100.0
-    sampling: str = "fast"
-    timeout_s: float = 30.0
-    hosts: int = 2                     # shard-host actors
-    max_batch: int = 1024              # queries per retrieve_many call
-
-    def __post_init__(self):
-        for name in ("shards", "records_per_shard", "key_dim", "value_dim", "k_local", "k", "n_bound", "hosts",
-                     "max_batch"):
-            V.positive_int(name, getattr(self, name))
-        V.positive_int("parties", self.parties, minimum=2)
-        for name in ("clip", "sigma", "receipt_sigma", "timeout_s"):
-            V.positive(name, getattr(self, name))
-        V.open_unit("delta", self.delta)
-        for name in _BUDGETS:
-            V.positive_or_inf(name, getattr(self, name))
-        t = V.finite("threshold", self.threshold)
-        if not -1.0 <= t <= 1.0:
-            raise ValueError(f"threshold must be a cosine similarity in [-1, 1]. Found {self.threshold!r}.")
-        for name, allowed in (("selection", SELECTIONS), ("mpc", MPCS), ("noise", NOISES),
-                              ("calibration", CALIBRATIONS), ("receipts", RECEIPTS), ("on_reject", ON_REJECT),
-                              ("sampling", ("fast", "secure"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}. Found {getattr(self, name)!r}.")
-        if not isinstance(self.gateway, bool):
-            raise TypeError(f"gateway must be a bool. Found {self.gateway!r}.")
-        if self.mpc == "crypten" and self.parties > 3:
-            raise ValueError(f"parties must be 2 or 3 with mpc='crypten'. Found {self.parties!r}.")
-        if self.k_local > self.records_per_shard:
-            raise ValueError(f"k_local must be <= records_per_shard ({self.records_per_shard}). "
-                             f"Found {self.k_local!r}.")
-        if self.k > self.shards * self.k_local:
-            raise ValueError(f"k must be <= shards * k_local = {self.shards * self.k_local} (the candidates "
-                             f"sent). Found {self.k!r}.")
-        if self.hosts > self.shards:
-            raise ValueError(f"hosts must be <= shards ({self.shards}). Found {self.hosts!r}.")
-        if self.gateway and self.calibration == "global" and self.effective_selection == "threshold":
-            raise ValueError(
-                "calibration='global' cannot be defended with selection='threshold' (found gateway=True): the noise "
-                "is sized for n_bound but the number of selected records is data-dependent, so the delivered "
-                "privacy loss depends on the exact count. Admitting only queries whose count is close to n_bound "
-                "would make the refusal itself a leak (it reveals |n - n_bound|). Use calibration='realized' (noise "
-                "calibrated to the denominator actually applied), selection='topk' or 'broadcast' (public count), "
-                "or gateway=False to demonstrate the leak undefended.")
-
-    @property
-    def effective_selection(self) -> str:
-        """``receipts="broadcast"`` forces the broadcast selection (constant tallies need it)."""
-        return "broadcast" if self.receipts == "broadcast" else self.selection
-
-    @property
-    def budgets(self) -> dict:
-        return {name: getattr(self, name) for name in _BUDGETS}
-
 
 @dataclass(frozen=True)
 class Response:

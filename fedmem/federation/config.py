@@ -1,0 +1,115 @@
+"""``FederationConfig``: every knob of one federation, declared once.
+
+Each field is a :func:`fedmem.params.knob` (type, default, bounds, help). The same
+declaration validates the Python API (``ValueError`` naming the field and the value),
+builds the ``[federation]`` section of scenario files (:func:`fedmem.params.schema_of`)
+and is printed by ``fedmem show``; cross-field rules live in
+:meth:`FederationConfig.problems`, used by both. Importing this module is cheap (no
+numpy, dp-accounting, Ray or CrypTen), so scenario validation stays fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedmem.params import at_least, between, check_knobs, knob, open_unit, positive
+
+SELECTIONS = ("topk", "threshold", "broadcast")
+NOISES = ("gaussian", "laplace")
+CALIBRATIONS = ("global", "realized")
+RECEIPTS = ("expose", "suppress", "noised", "broadcast")
+MPCS = ("crypten", "plaintext")
+ON_REJECT = ("raise", "rerun_broadcast")
+_BUDGETS = ("epsilon_budget", "total_epsilon_budget", "support_budget_bits", "total_support_budget_bits")
+
+
+@dataclass(frozen=True)
+class FederationConfig:
+    """Every knob of one federation (validated at construction; ``ValueError`` names the field).
+
+    The defaults are a **defended** federation: top-k selection (public count), noise
+    calibrated to the realized denominator, no receipts, the gateway on, and budgets per
+    principal and in total. Every undefended setting (``gateway=False``, exposed receipts,
+    global calibration, ``math.inf`` budgets) must be asked for explicitly.
+    """
+
+    shards: int = knob(40, "number of memory shards", check=positive)
+    records_per_shard: int = knob(50, "records on each shard", check=positive)
+    key_dim: int = knob(128, "key embedding dimension", check=positive)
+    value_dim: int = knob(128, "value vector dimension (the released aggregate)", check=positive)
+    clip: float = knob(1.0, "value vectors are clipped to this L2 norm C", check=positive)
+    k_local: int = knob(5, "k': candidates each shard sends, padded to exactly k'", check=positive)
+    selection: str = knob("topk", "global selection rule (it decides the support)", choices=SELECTIONS)
+    k: int = knob(5, "global k of topk selection", check=positive)
+    threshold: float = knob(0.5, "score threshold of threshold selection (cosine)", check=between(-1.0, 1.0))
+    parties: int = knob(2, "MPC compute parties (2 or 3 with crypten)", check=at_least(2))
+    mpc: str = knob("crypten", "MPC backend: crypten (real secret sharing) or plaintext (bit-identical "
+                    "reference)", choices=MPCS)
+    noise: str = knob("gaussian", "central DP noise on the aggregate", choices=NOISES)
+    sigma: float = knob(1.2, "noise multiplier (noise std = sigma * sensitivity)", check=positive)
+    delta: float = knob(1e-6, "delta of the accountant and of every Gaussian release", check=open_unit)
+    calibration: str = knob("realized", "realized: noise calibrated to the denominator applied; global: noise "
+                            "sized for n_bound (papers/003's flawed practice; refused with the gateway on and a "
+                            "data-dependent count)", choices=CALIBRATIONS)
+    n_bound: int = knob(40, "contributor count assumed by global calibration", check=positive)
+    receipts: str = knob("suppress", "receipt (per-shard tally) policy", choices=RECEIPTS)
+    receipt_sigma: float = knob(1.0, "noise multiplier of noised tallies", check=positive)
+    gateway: bool = knob(True, "run the support-leak gateway (papers/003 Decision Boundary); false = undefended")
+    on_reject: str = knob("raise", "gateway: refuse, or answer by the support-safe broadcast when the primary "
+                          "release cannot be admitted", choices=ON_REJECT)
+    support_budget_bits: float = knob(1.0, "support-channel bits allowed per principal (inf disables)",
+                                      check=positive, allow_inf=True)
+    total_support_budget_bits: float = knob(4.0, "support-channel bits allowed over all principals (inf "
+                                            "disables)", check=positive, allow_inf=True)
+    epsilon_budget: float = knob(10.0, "epsilon (at delta) allowed per principal (inf disables)", check=positive,
+                                 allow_inf=True)
+    total_epsilon_budget: float = knob(100.0, "epsilon (at delta) allowed over all principals (inf disables)",
+                                       check=positive, allow_inf=True)
+    sampling: str = knob("fast", "noise sampler", choices=("fast", "secure"))
+    timeout_s: float = knob(30.0, "timeout of every remote call", check=positive)
+    hosts: int = knob(2, "shard-host Ray actors (shards are split among them)", check=positive)
+    max_batch: int = knob(1024, "most queries per retrieve_many call", check=positive)
+
+    def __post_init__(self):
+        check_knobs(self)
+        problems = self.problems(self)
+        if problems:
+            raise ValueError("; ".join(f"{key}: {msg}" for key, msg in problems))
+
+    @staticmethod
+    def problems(c) -> list[tuple[str, str]]:
+        """Cross-field problems of a configuration (this class, or a scenario's ``[federation]``
+        section, which reports them with file and key). Each knob alone is already valid."""
+        out = []
+        if c.mpc == "crypten" and c.parties > 3:
+            out.append(("parties", f"must be 2 or 3 with mpc='crypten', found {c.parties}"))
+        if c.k_local > c.records_per_shard:
+            out.append(("k_local", f"k_local={c.k_local} exceeds records_per_shard={c.records_per_shard}"))
+        cap = c.shards * c.k_local
+        if c.k > cap:
+            out.append(("k", f"k={c.k} is larger than the candidates sent, shards*k_local={cap}"))
+        if c.calibration == "global" and c.n_bound > cap:
+            out.append(("n_bound", f"n_bound={c.n_bound} exceeds the most contributors possible, "
+                                   f"shards*k_local={cap}"))
+        if c.hosts > c.shards:
+            out.append(("hosts", f"hosts={c.hosts} exceeds shards={c.shards}"))
+        selection = "broadcast" if c.receipts == "broadcast" else c.selection
+        if c.gateway and c.calibration == "global" and selection == "threshold":
+            out.append(("calibration",
+                        "calibration='global' cannot be defended with selection='threshold' (found gateway=True): "
+                        "the noise is sized for n_bound but the number of selected records is data-dependent, so "
+                        "the delivered privacy loss depends on the exact count. Admitting only queries whose count "
+                        "is close to n_bound would make the refusal itself a leak (it reveals |n - n_bound|). Use "
+                        "calibration='realized' (noise calibrated to the denominator actually applied), "
+                        "selection='topk' or 'broadcast' (public count), or gateway=False to demonstrate the leak "
+                        "undefended."))
+        return out
+
+    @property
+    def effective_selection(self) -> str:
+        """``receipts="broadcast"`` forces the broadcast selection (constant tallies need it)."""
+        return "broadcast" if self.receipts == "broadcast" else self.selection
+
+    @property
+    def budgets(self) -> dict:
+        return {name: getattr(self, name) for name in _BUDGETS}
