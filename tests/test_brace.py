@@ -19,8 +19,9 @@ import pytest
 
 from fedmem.agent.brace import (BraceMemory, BraceParams, NoiseSource, brace_run, brute_force_local_sensitivity,
                                 clean_trajectory, gamma_max, phi, rho_eps_delta)
-from fedmem.agent.brace.certificate import (SortedRows, activation_impossible, certificate_terms, count_envelope,
-                                            smooth_envelope)
+from fedmem.agent.brace.certificate import (SortedRows, activation_impossible, certificate_terms, clean_boxes,
+                                            count_envelope, smooth_envelope)
+from fedmem.agent.brace.certificate import max_gate_mean as _correct_max_gate_mean
 from fedmem.agent.brace import memory as brace_memory
 from fedmem.attacks.audit import histogram_epsilon_lower_bound
 from fedmem.dp import Accountant, ApproxDpEvent, DurableStore, GaussianMechanism
@@ -105,28 +106,57 @@ def _tiny_cases():
         yield X, q, ys, p, grid, run
 
 
-def test_certificate_never_below_brute_force_local_sensitivity():
+@pytest.fixture(scope="module")
+def tiny_ls():
+    """The 48 tiny cases with the brute-force local sensitivity of every step (computed once)."""
+    return [(X, q, ys, p, run, [brute_force_local_sensitivity(X, q, ys[:t], p, grid) for t in range(1, p.T + 1)])
+            for X, q, ys, p, grid, run in _tiny_cases()]
+
+
+def test_certificate_never_below_brute_force_local_sensitivity(tiny_ls):
+    """The default certificate (box CorrectedCountSearch, propagation and annulus bounds) and
+    the box search alone are never below the brute-force local sensitivity."""
     checked = activated = 0
-    for X, q, ys, p, grid, run in _tiny_cases():
+    for X, q, ys, p, run, ls_t in tiny_ls:
         for t in range(1, p.T + 1):
-            ls = brute_force_local_sensitivity(X, q, ys[:t], p, grid)
+            ls = ls_t[t - 1]
             A, db = certificate_terms(X, q, ys[:t], p)
             assert db == pytest.approx(run.delta_bar[0, t - 1], rel=1e-12)
             assert A[0] >= ls - 1e-9, (t, A[0], ls)
             assert db >= ls - 1e-9
+            Abox, dbox = certificate_terms(X, q, ys[:t], p, bound="box")
+            assert Abox[0] >= ls - 1e-9 and dbox >= ls - 1e-9, (t, Abox[0], ls)
             checked += 1
             activated += bool(run.uncertain[0, t - 1])
     assert checked == 144 and activated > 20   # the activated branch is exercised
 
 
-def test_raw_count_bound_is_below_local_sensitivity_somewhere():
+def test_raw_count_bound_is_below_local_sensitivity_somewhere(tiny_ls):
     """Companion: the count bound alone (ignoring activation) is caught by the same check."""
     caught = 0
-    for X, q, ys, p, grid, run in _tiny_cases():
+    for X, q, ys, p, run, ls_t in tiny_ls:
         for t in range(2, p.T + 1):
-            ls = brute_force_local_sensitivity(X, q, ys[:t], p, grid)
             A, _ = certificate_terms(X, q, ys[:t], p, mode="raw_count")
-            caught += A[0] < ls - 1e-9
+            caught += A[0] < ls_t[t - 1] - 1e-9
+    assert caught >= 3
+
+
+def _undercounting_max_gate_mean(v, inner, opt, j, top, hi):
+    """Broken CorrectedCountSearch: drops the undetermined membership branches (possible
+    members never enter the gate) and the replaced record's own entry."""
+    return _correct_max_gate_mean(v, inner, np.zeros_like(opt), np.zeros_like(j), hi, hi)
+
+
+def test_undercounting_search_is_caught_by_brute_force(tiny_ls, monkeypatch):
+    """The same brute-force check flags a CorrectedCountSearch that undercounts the branches."""
+    from fedmem.agent.brace import certificate as cert_mod
+
+    monkeypatch.setattr(cert_mod, "max_gate_mean", _undercounting_max_gate_mean)
+    caught = 0
+    for X, q, ys, p, run, ls_t in tiny_ls:
+        for t in range(1, p.T + 1):
+            A, _ = certificate_terms(X, q, ys[:t], p, bound="box")
+            caught += A[0] < ls_t[t - 1] - 1e-9
     assert caught >= 3
 
 
@@ -283,11 +313,18 @@ def test_synthetic_scenario_runs_small(tmp_path):
     from fedmem.cli import run_scenario
 
     payload, result, _ = run_scenario("scenarios/brace_synthetic.toml",
-                                      ["repetitions=20", "query.sweep_points=3", "sweep_repetitions=20", "bootstrap=20"], out=tmp_path, as_json=True)
+                                      ["repetitions=60", "query.sweep_points=3", "sweep_repetitions=20", "bootstrap=20",
+                                       "query.calibration_draws=24"], out=tmp_path, as_json=True)
     m = payload["metrics"]
     assert m["gamma"] == pytest.approx(gamma_max(128.0, 1e-5, 5, 2))
     assert m["sweep_final_error"]["brace"] < m["sweep_final_error"]["global"]
     assert (tmp_path / "synthetic_trajectory.png").exists()
+    # paper setup (Sec. 6.1): Naive DAM switches modes on a share of the draws, its error grows
+    # by orders of magnitude over the steps, and on the switching draws it ends far from z_T
+    assert m["placement"] == "unstable" and m["naive_switched_draws"] >= 6
+    naive = [v[0] for v in m["per_step_error"]["Naive DAM"]]
+    assert naive[-1] > 0.1 and naive[-1] > 100 * naive[0]
+    assert m["per_step_error_given_naive_switch"]["Naive DAM"][-1][0] > 0.5
 
 
 def test_digits_scenario_runs_small(tmp_path):
@@ -491,9 +528,82 @@ def test_synthetic_paper_gamma_scenario_is_labelled(tmp_path):
     from fedmem.cli import run_scenario
 
     payload, _, _ = run_scenario("scenarios/brace_synthetic_paper_gamma.toml",
-                                 ["repetitions=20", "query.sweep_points=2", "sweep_repetitions=5", "bootstrap=20"],
-                                 out=tmp_path, as_json=True)
+                                 ["repetitions=20", "query.sweep_points=2", "sweep_repetitions=5", "bootstrap=20",
+                                  "query.placement=fixed"], out=tmp_path, as_json=True)
     m = payload["metrics"]
     assert m["paper_gamma_label"] == "violates Eq. (8): not a DP guarantee" and m["paper_gamma"] == 0.25
     assert "BRACE paper-gamma" in m["per_step_error"]
     assert "not a DP guarantee" in (tmp_path / "report.md").read_text()
+
+
+def test_clean_boxes_contain_neighbour_trajectories_and_nest():
+    """Z_s(j)(D) holds z_s(B) for banks B with j replaced records (random and adversarial
+    replacements), Z_s(0) is the point z_s(D), and Z_s(j)(D) lies inside Z_s(j + 1)(D')."""
+    rng = np.random.default_rng(21)
+    for trial in range(12):
+        d = 1 + trial % 2
+        n = 30 + 5 * trial
+        X = rng.normal(size=(n, d))
+        q = rng.normal(scale=0.5, size=(1, d))
+        r, T, J = 0.9, 4, 5
+        lo, hi = clean_boxes(X, q, r, T, J)
+        z = clean_trajectory(X, q, r, T)[:, 0]
+        np.testing.assert_allclose(lo[:, 0, 0], z, atol=1e-12)
+        np.testing.assert_allclose(hi[:, 0, 0], z, atol=1e-12)
+        for _ in range(20):
+            j = int(rng.integers(1, J))
+            B = X.copy()
+            idx = rng.choice(n, size=j, replace=False)
+            B[idx] = z[rng.integers(1, T + 1)] + rng.uniform(-r, r, size=(j, d))   # near the trajectory
+            zb = clean_trajectory(B, q, r, T)[:, 0]
+            assert np.all(zb >= lo[:, 0, j] - 1e-9) and np.all(zb <= hi[:, 0, j] + 1e-9)
+            Dp = X.copy()
+            Dp[rng.integers(n)] = rng.normal(size=d)
+            lo2, hi2 = clean_boxes(Dp, q, r, T, J + 1)
+            assert np.all(lo2[:, :, 1:] <= lo + 1e-12) and np.all(hi2[:, :, 1:] >= hi - 1e-12)
+
+
+def test_box_search_is_strictly_tighter_where_the_old_bound_was_2r():
+    """Sec. 6.1 bank of the stable instance (mode_std 0.3), step 5 of BRACE: the certificate
+    before the search (propagation + annulus) has A^(0) = 2r on every draw; with the box
+    CorrectedCountSearch A^(0) is far below 2r, and Delta_bar is strictly smaller at the
+    Eq. (8) gamma (count-envelope floor) and several times smaller at the paper's 0.25."""
+    from fedmem.agent.brace.certificate import Certifier
+    from fedmem.agent.brace.experiment import make_mixture
+
+    X = make_mixture(256, 0.3, [0.5, 0.2], 0.2, np.random.default_rng(20261006))
+    q = np.repeat(np.array([[-0.25, 0.25]]), 40, axis=0)
+    for gm, factor in (("eq8", 0.99), ("paper_0.25", 0.5)):
+        p = BraceParams(r=0.8, T=5, epsilon=128.0, delta=1e-5, d=2, kappa=0.003, gamma_mode=gm)
+        run = brace_run(X, q, p, NoiseSource(normals=np.random.default_rng(1).standard_normal((40, 5, 2))),
+                        bound="both")
+        ys = np.concatenate([q[:, None], run.Y], axis=1)
+        certs = {b: Certifier(X, q, p, keep_terms=True, bound=b) for b in ("both", "all")}
+        for t in range(1, p.T + 1):
+            a, m, sq = phi(X, ys[:, t - 1], p.r)
+            out = {b: c.step(t, ys[:, t - 1], sq, m, a)[0] for b, c in certs.items()}
+            assert np.all(out["all"] <= out["both"] * (1 + 1e-12))
+        old0, new0 = certs["both"].last_terms[:, 0], certs["all"].last_terms[:, 0]
+        assert np.all(old0 >= 2 * p.r)
+        assert np.all(new0 < 0.25 * 2 * p.r)
+        assert np.all(out["all"] < factor * out["both"])
+
+
+def test_synthetic_scenario_rejects_bad_placement_keys():
+    from fedmem.errors import ScenarioError
+    from fedmem.scenario import load_scenario
+
+    for override, match in (("query.placement=corner", "placement"), ("query.search_box=[0.5, 0.1]", "search_box"),
+                            ("mechanism.certificate_bound=exact", "certificate_bound")):
+        with pytest.raises(ScenarioError, match=match):
+            load_scenario("scenarios/brace_synthetic.toml", [override])
+    from fedmem.agent.brace.experiment import make_mixture, unstable_start
+
+    X = make_mixture(50, 0.1, [0.5, 0.4], 0.1, np.random.default_rng(0))
+    p = BraceParams(r=0.8, T=2, epsilon=128.0, delta=1e-5, d=2, kappa=0.003)
+    with pytest.raises(ValueError, match="query.min_gate.*1000"):
+        unstable_start(X, p, [-0.9, 0.9], 5, 1000, 4, np.random.default_rng(1))
+    with pytest.raises(ValueError, match="bound must be one of.*'exact'"):
+        brace_run(X, np.zeros((1, 2)), p, NoiseSource(rng=np.random.default_rng(0)), bound="exact")
+    with pytest.raises(ValueError, match="t must be in 1..T = 2. Found 3"):
+        certificate_terms(X, np.zeros(2), np.zeros((3, 2)), p)

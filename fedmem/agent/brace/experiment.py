@@ -3,7 +3,10 @@
 ``brace.synthetic`` (Sec. 6.1): boundary-induced mode switching on a three-component
 Gaussian mixture in R^2; noiseless DAM vs Naive DAM vs BRACE (and global-noise DAM) on
 shared innovations; per-step per-coordinate squared error relative to noiseless DAM,
-over many paired noise draws plus one illustrative trajectory plot.
+over many paired noise draws (and over the draws where Naive DAM switched modes) plus one
+illustrative trajectory plot. The paper setup (default) uses tight modes and the cue
+where Naive DAM is least stable, chosen on calibration draws of its own
+(:func:`unstable_start`).
 
 ``brace.digits`` (Sec. 6.2): retrieval under strong query corruption ``q = x + 3u`` on
 2 PCA coordinates of scikit-learn's digits (stand-in for the MNIST-VAE features), over
@@ -59,13 +62,13 @@ def _gamma_check(eps_list, delta, T_list, d, gamma, key, eps_key="mechanism.epsi
     return out
 
 
-def _bank_chunks(X, starts, params, normals, certificate="brace", clean=None, chunk=4096):
+def _bank_chunks(X, starts, params, normals, certificate="brace", clean=None, chunk=4096, bound="all"):
     """brace_run over row chunks (bounded memory); returns (Y, delta_bar, activated, uncertain)."""
     parts = []
     for s in range(0, starts.shape[0], chunk):
         e = s + chunk
         parts.append(brace_run(X, starts[s:e], params, NoiseSource(normals=normals[s:e]), certificate=certificate,
-                               clean=None if clean is None else clean[:, s:e]))
+                               clean=None if clean is None else clean[:, s:e], bound=bound))
     cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
     return cat("Y"), cat("delta_bar"), cat("activated"), cat("uncertain")
 
@@ -74,19 +77,29 @@ def _bank_chunks(X, starts, params, normals, certificate="brace", clean=None, ch
 SYN_SCHEMA = {
     "data": {
         "n": Param(int, 256, "memories in the bank", check=at_least(2)),
-        "mode_std": Param(float, 0.3, "std of the two dominant modes at (+-1, 0)", check=positive),
-        "bridge_std": Param(list, [0.5, 0.2], "std (x, y) of the central connecting component",
+        "mode_std": Param(float, 0.1, "std of the two dominant modes at (+-1, 0) (tight modes: the gate boundary "
+                          "of a cue near the bridge crosses a dense mode, as in Sec. 6.1)", check=positive),
+        "bridge_std": Param(list, [0.5, 0.4], "std (x, y) of the broader central component connecting the modes",
                             item_type=float, check=each(positive)),
-        "bridge_weight": Param(float, 0.2, "weight of the central component", check=open_unit),
+        "bridge_weight": Param(float, 0.1, "weight of the central component", check=open_unit),
     },
     "query": {
-        "q": Param(list, [-0.25, 0.25], "initial query (with placement = 'basin_boundary' only q[1] is used)",
-                   item_type=float),
-        "placement": Param(str, "fixed", "'fixed': start at q; 'basin_boundary': start at the point "
-                           "(x, q[1]), x in [-0.9, 0.9], where the noiseless endpoint's x-coordinate changes "
-                           "sign (bisection, 60 halvings), i.e. on the boundary between two basins of "
-                           "noiseless DAM (Sec. 6.1: a cue whose gate boundary crosses dense memories)"),
-        "sweep_x": Param(list, [-0.6, 0.6], "x-range of the query sweep (y = q[1]) for the averaged errors",
+        "q": Param(list, [-0.25, 0.25], "initial query for placement = 'fixed' (with 'basin_boundary' only q[1] "
+                   "is used; ignored by 'unstable')", item_type=float),
+        "placement": Param(str, "unstable", "'unstable' (paper setup): the cue of a public grid (search_box x "
+                           "search_points^2, gates of >= min_gate memories) where Naive DAM's mean final error vs "
+                           "noiseless DAM is largest over calibration_draws innovations drawn independently of the "
+                           "reported ones; 'fixed': start at q; 'basin_boundary': start at the point (x, q[1]), "
+                           "x in [-0.9, 0.9], where the noiseless endpoint's x-coordinate changes sign",
+                           choices=("unstable", "fixed", "basin_boundary")),
+        "search_box": Param(list, [-0.9, 0.9], "placement = 'unstable': candidate cues on [lo, hi]^2",
+                            item_type=float),
+        "search_points": Param(int, 37, "placement = 'unstable': grid points per axis", check=at_least(2)),
+        "min_gate": Param(int, 15, "placement = 'unstable': a candidate cue's gate |I(D, q)| must hold at least "
+                          "this many memories (a cue inside the data, not an empty-gate start)", check=positive),
+        "calibration_draws": Param(int, 48, "placement = 'unstable': innovations per candidate cue (their own "
+                                   "RNG stream, never reused for the reported draws)", check=positive),
+        "sweep_x": Param(list, [-0.6, 0.6], "x-range of the query sweep (y = the start's y) for the averaged errors",
                          item_type=float),
         "sweep_points": Param(int, 25, "queries in the sweep", check=positive),
     },
@@ -100,9 +113,14 @@ SYN_SCHEMA = {
         "gamma": Param(float, 0.0, "smoothing parameter; 0 = largest value allowed by Eq. (8)", check=nonnegative),
         "gamma_mode": Param(str, "eq8", "'eq8' (default): only the DP setting; 'paper_0.25': also run BRACE "
                             "with the paper's gamma = 0.25, reported as 'violates Eq. (8): not a DP guarantee'"),
+        "certificate_bound": Param(str, "all", "activated-branch bound of the certificate: 'all' (default: the "
+                                   "box CorrectedCountSearch, the clean-trajectory propagation and the annulus bound, "
+                                   "combined by min), 'both' (before the search: propagation and annulus), 'box', "
+                                   "'propagation', 'annulus'",
+                                   choices=("all", "both", "box", "propagation", "annulus")),
     },
-    "repetitions": Param(int, 400, "paired noise draws at the start point (the first one is plotted)",
-                         check=positive),
+    "repetitions": Param(int, 400, "paired noise draws at the start point (plotted: the switching draw with the "
+                         "median final Naive error, else draw 0)", check=positive),
     "sweep_repetitions": Param(int, 100, "paired noise draws per sweep query", check=positive),
     "bootstrap": Param(int, 1000, "bootstrap resamples over draws for the 95% CIs", check=at_least(10)),
     "switch_threshold": Param(float, 0.25, "a draw 'switched modes' when its final per-coordinate squared "
@@ -117,8 +135,8 @@ def _syn_cross(cfg):
         out.append(("query.sweep_x", f"must be [low, high], found {cfg.query.sweep_x!r}"))
     if len(cfg.query.q) != 2:
         out.append(("query.q", f"must have 2 coordinates, found {len(cfg.query.q)}"))
-    if cfg.query.placement not in ("fixed", "basin_boundary"):
-        out.append(("query.placement", f"must be 'fixed' or 'basin_boundary', found {cfg.query.placement!r}"))
+    if len(cfg.query.search_box) != 2 or not cfg.query.search_box[0] < cfg.query.search_box[1]:
+        out.append(("query.search_box", f"must be [low, high] with low < high, found {cfg.query.search_box!r}"))
     if m.gamma_mode not in GAMMA_MODES:
         out.append(("mechanism.gamma_mode", f"must be one of {list(GAMMA_MODES)}, found {m.gamma_mode!r}"))
     if len(cfg.data.bridge_std) != 2:
@@ -153,6 +171,33 @@ def basin_boundary_start(X: np.ndarray, y: float, r: float, T: int, lo: float = 
     return np.array([lo, y])
 
 
+def unstable_start(X: np.ndarray, params: BraceParams, box, points: int, min_gate: int, draws: int,
+                   rng) -> tuple[np.ndarray, dict]:
+    """The paper-setup cue of Sec. 6.1: among the cues of the grid ``box x box`` (``points``
+    per axis) whose gate ``I(D, q)`` holds at least ``min_gate`` memories, the one where
+    Naive DAM's mean final per-coordinate squared error vs noiseless DAM is largest over
+    ``draws`` innovations from ``rng`` (a stream of its own: the reported draws never
+    select the cue). Returns ``(cue, calibration stats)``; raises ``ValueError`` when no
+    candidate has a large enough gate."""
+    from fedmem.agent.brace.lsr import sq_dists
+
+    g = np.linspace(box[0], box[1], points)
+    cand = np.array([[x, y] for x in g for y in g])
+    cand = cand[(sq_dists(X, cand) <= params.r ** 2).sum(1) >= min_gate]
+    if cand.shape[0] == 0:
+        raise ValueError(f"query.min_gate must leave at least one candidate cue in the search box. Found min_gate="
+                         f"{min_gate!r} with no cue of the {points}x{points} grid on {list(box)} holding that many.")
+    S, T = cand.shape[0], params.T
+    normals = samplers.gaussian(1.0, (draws, T, 2), rng)
+    z = clean_trajectory(X, cand, params.r, T)                                  # (T+1, S, 2)
+    Y = iterative_baseline(X, np.repeat(cand, draws, axis=0), params, np.tile(normals, (S, 1, 1)), "count")
+    zt = np.transpose(np.repeat(z[1:], draws, axis=1), (1, 0, 2))
+    final = (np.sum((Y[:, -1] - zt[:, -1]) ** 2, axis=1) / 2).reshape(S, draws).mean(axis=1)
+    best = int(np.argmax(final))
+    return cand[best], {"candidates": S, "calibration_draws": draws,
+                        "calibration_final_error_naive": float(final[best])}
+
+
 def _mean_ci(v: np.ndarray, idx: np.ndarray) -> tuple[float, float, float]:
     """Mean over draws and the 95% percentile-bootstrap interval (resampled draw indices ``idx``)."""
     means = v[idx].mean(axis=1)
@@ -170,16 +215,23 @@ def run_synthetic(cfg, ctx) -> Result:
     paper = (BraceParams(r=m.r, T=m.T, epsilon=m.epsilon, delta=m.delta, d=2, kappa=m.kappa,
                          gamma_mode=PAPER_GAMMA_MODE) if m.gamma_mode == PAPER_GAMMA_MODE else None)
     R = cfg.repetitions
-    q0 = (basin_boundary_start(X, cfg.query.q[1], m.r, m.T) if cfg.query.placement == "basin_boundary"
-          else np.asarray(cfg.query.q, dtype=np.float64))
+    calib = {}
+    if cfg.query.placement == "unstable":
+        q0, calib = unstable_start(X, params, cfg.query.search_box, cfg.query.search_points, cfg.query.min_gate,
+                                   cfg.query.calibration_draws, ctx.rng("calibration"))
+    elif cfg.query.placement == "basin_boundary":
+        q0 = basin_boundary_start(X, cfg.query.q[1], m.r, m.T)
+    else:
+        q0 = np.asarray(cfg.query.q, dtype=np.float64)
     q = np.repeat(q0[None, :], R, axis=0)
     normals = samplers.gaussian(1.0, (R, m.T, 2), ctx.rng("innovations"))  # shared by the noisy methods
     boot = ctx.rng("bootstrap").integers(0, R, size=(cfg.bootstrap, R))
     z = clean_trajectory(X, q[:1], m.r, m.T)[:, 0]                            # (T+1, 2)
     err = lambda Y, zz: np.sum((Y - zz) ** 2, axis=2) / 2  # noqa: E731  (rows, T) per-coordinate
-    runs = {"BRACE": brace_run(X, q, params, NoiseSource(normals=normals))}
+    bound = m.certificate_bound
+    runs = {"BRACE": brace_run(X, q, params, NoiseSource(normals=normals), bound=bound)}
     if paper is not None:
-        runs["BRACE paper-gamma"] = brace_run(X, q, paper, NoiseSource(normals=normals))
+        runs["BRACE paper-gamma"] = brace_run(X, q, paper, NoiseSource(normals=normals), bound=bound)
     traj = {"Naive DAM": iterative_baseline(X, q, params, normals, "count"),
             "global-noise DAM": iterative_baseline(X, q, params, normals, "global"),
             **{k: v.Y for k, v in runs.items()}}
@@ -202,15 +254,27 @@ def run_synthetic(cfg, ctx) -> Result:
     zs = clean_trajectory(X, qs, m.r, m.T)                                   # (T+1, S, 2)
     zs_rep = np.repeat(zs, Rs, axis=1)
     zt = np.transpose(zs_rep[1:], (1, 0, 2))
-    Yb, db, act, unc = _bank_chunks(X, Qs, params, ns, clean=zs_rep)
+    Yb, db, act, unc = _bank_chunks(X, Qs, params, ns, clean=zs_rep, bound=bound)
     s_b, s_n = err(Yb, zt), err(iterative_baseline(X, Qs, params, ns, "count"), zt)
     s_g = err(iterative_baseline(X, Qs, params, ns, "global"), zt)
     from fedmem.agent.brace.lsr import sq_dists
     y1 = traj["Naive DAM"][0, 0]
     gz = sq_dists(X, z[1][None])[0] <= m.r ** 2
     gy = sq_dists(X, y1[None])[0] <= m.r ** 2
+    switched = errs["Naive DAM"][:, -1] > thr
+    if switched.sum() >= 2:
+        ns_ = int(switched.sum())
+        sw_idx = ctx.rng("bootstrap-switched").integers(0, ns_, size=(cfg.bootstrap, ns_))
+        cond = {k: [list(_mean_ci(e[switched, t], sw_idx)) for t in range(m.T)] for k, e in errs.items()}
+    else:
+        cond = {}
     metrics = {
         "gamma": params.gamma, "threshold_tau": params.threshold, "noise_multiplier": params.noise_multiplier,
+        "placement": cfg.query.placement, "certificate_bound": bound, **calib,
+        "per_step_error_given_naive_switch": cond, "naive_switched_draws": int(switched.sum()),
+        # switching draws whose Naive endpoint lies on the other side, beyond |x| > 0.5 (the opposite mode)
+        "naive_switched_to_opposite_side": int(np.sum(switched & (np.abs(traj["Naive DAM"][:, -1, 0]) > 0.5)
+                                                      & (np.sign(traj["Naive DAM"][:, -1, 0]) != np.sign(z[-1, 0])))),
         "start": q0.tolist(), "noiseless_endpoint": z[-1].tolist(), "draws": R,
         "first_perturbation_norm_naive_draw0": float(np.linalg.norm(y1 - z[1])),
         "step2_left_clean_gate": int(np.sum(gz & ~gy)), "step2_entered_released_gate": int(np.sum(gy & ~gz)),
@@ -236,23 +300,39 @@ def run_synthetic(cfg, ctx) -> Result:
              "BRACE paper-gamma": f"BRACE gamma 0.25 ({NOT_DP_LABEL})"}
     cols = ["step"] + [label.get(k, k) + " mean [95% CI]" for k in names]
     cols += [f"median Delta_bar {label[k]}" for k in runs] + ["BRACE H_t rate", "BRACE activation not excluded"]
-    _plot_synthetic(ctx, X, z, traj, q0, errs, boot, m.r, label)
-    note = (f"Per-coordinate squared error ||Y_t - z_t||^2 / 2 vs noiseless DAM at the start {np.round(q0, 5).tolist()} "
+    sw_draws = np.flatnonzero(errs["Naive DAM"][:, -1] > cfg.switch_threshold)
+    # Fig. 1 shows a switching draw: plot the one with the median final Naive error among them
+    plot_draw = (int(sw_draws[np.argsort(errs["Naive DAM"][sw_draws, -1])[sw_draws.size // 2]]) if sw_draws.size
+                 else 0)
+    metrics["plotted_draw"] = plot_draw
+    _plot_synthetic(ctx, X, z, traj, q0, errs, boot, m.r, label, plot_draw)
+    note = (f"Per-coordinate squared error ||Y_t - z_t||^2 / 2 vs noiseless DAM at the start "
+            f"{np.round(q0, 5).tolist()} "
             f"({cfg.query.placement}); n = {R} paired draws (same innovations for every noisy method), 95% "
             f"percentile-bootstrap CIs over draws ({cfg.bootstrap} resamples). Mode switch (final error > {thr}): "
             + "; ".join(f"{label.get(k, k)} {_fmt(v)}" for k, v in switch.items())
             + f". tau = sqrt(kappa T) r = {params.threshold:.4g}. Paper (one draw): Naive 0.08445 -> 0.42699 -> "
-            "1.00503 at steps 3-5, BRACE final 0.01222 (paper gamma 0.25).")
+            "1.00503 at steps 3-5, BRACE final 0.01222 (paper gamma 0.25). Certificate bound: "
+            f"{bound}." + (f" Cue chosen among {calib['candidates']} candidates on {calib['calibration_draws']} "
+                           "calibration innovations (own RNG stream)." if calib else ""))
     sweep_rows = [[t + 1, float(s_n[:, t].mean()), float(s_b[:, t].mean()), float(s_g[:, t].mean()),
                    float(act[:, t].mean()), float(unc[:, t].mean()), float(np.median(db[:, t]))] for t in range(m.T)]
-    return Result(metrics=metrics, tables=[
-        Table("Per-step error relative to noiseless DAM at the start point", cols, rows, note=note),
+    tables = [Table("Per-step error relative to noiseless DAM at the start point", cols, rows, note=note)]
+    if cond:
+        paper_naive = {3: 0.08445, 4: 0.42699, 5: 1.00503}
+        crow = [[t + 1] + [_fmt(cond[k][t]) for k in names] + [paper_naive.get(t + 1, "-")] for t in range(m.T)]
+        tables.append(Table("Per-step error on the draws where Naive DAM switched modes (final error > "
+                            f"{thr}; {int(switched.sum())} of {R})", ["step"] + [label.get(k, k) for k in names]
+                            + ["paper Naive DAM (one switching draw)"], crow,
+                            note="The paper's Fig. 1 shows one draw in which Naive DAM switches; these rows average "
+                                 "the draws that switched (same innovations for every method), 95% bootstrap CIs."))
+    return Result(metrics=metrics, tables=tables + [
         Table("Query sweep (Eq. (8) gamma)", ["step", "Naive sweep", "BRACE sweep", "global sweep", "BRACE H_t rate",
                                               "activation not excluded", "median Delta_bar"], sweep_rows,
               note=f"mean over {len(xs)} queries on x in {list(cfg.query.sweep_x)} (y = {q0[1]:.3g}) x {Rs} draws")])
 
 
-def _plot_synthetic(ctx, X, z, traj, q, errs, boot, r, label):
+def _plot_synthetic(ctx, X, z, traj, q, errs, boot, r, label, draw=0):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -263,12 +343,12 @@ def _plot_synthetic(ctx, X, z, traj, q, errs, boot, r, label):
     ax[0].scatter(X[:, 0], X[:, 1], s=6, c="0.75", label="memories")
     ax[0].plot(z[:, 0], z[:, 1], "k-o", ms=4, lw=1.5, label="noiseless DAM")
     for k in ("Naive DAM", "BRACE"):
-        path = np.vstack([q, traj[k][0]])
-        ax[0].plot(path[:, 0], path[:, 1], colors[k] + "-s", ms=3, lw=1.1, label=f"{label.get(k, k)} (draw 0)")
+        path = np.vstack([q, traj[k][draw]])
+        ax[0].plot(path[:, 0], path[:, 1], colors[k] + "-s", ms=3, lw=1.1, label=f"{label.get(k, k)} (draw {draw})")
     ax[0].add_patch(plt.Circle(q, r, fill=False, ls=":", color="0.4"))
     ax[0].set_aspect("equal")
     ax[0].legend(fontsize=7)
-    ax[0].set_title("trajectories (draw 0)")
+    ax[0].set_title(f"trajectories (draw {draw}: median final Naive error among switching draws)", fontsize=9)
     steps = np.arange(1, next(iter(errs.values())).shape[1] + 1)
     for k, e in errs.items():
         ci = np.array([_mean_ci(e[:, t], boot) for t in range(e.shape[1])])
@@ -386,7 +466,6 @@ def run_digits(cfg, ctx) -> Result:
         act, unc, steps = act + a_, unc + u_, steps + s_
 
     minima = []
-    paper_note = []
     for name in METHODS:
         if name == "corrupted input":
             minima.append([name, corrupted[0], f"[{corrupted[1]:.4g}, {corrupted[2]:.4g}]", "-", "-", "-",

@@ -110,17 +110,18 @@ def _check_inputs(X, starts, params: BraceParams):
 
 
 def brace_run(X, starts, params: BraceParams, noise: NoiseSource, *, certificate: str = "brace",
-              clean: np.ndarray | None = None) -> BraceRun:
+              clean: np.ndarray | None = None, bound: str = "all") -> BraceRun:
     """Run Algorithm 1 for every row of ``starts``.
 
     ``clean`` optionally passes the precomputed clean trajectory ``(T + 1, B, d)``
     (it does not depend on the noise, so paired experiments compute it once).
-    ``certificate="raw_count"`` is the broken variant for the privacy tests.
+    ``certificate="raw_count"`` is the broken variant for the privacy tests. ``bound`` selects
+    the activated-branch bound of the certificate (``certificate.BOUNDS``; default ``"all"``).
     """
     X, q = _check_inputs(X, starts, params)
     B, d = q.shape
     T, r = params.T, params.r
-    cert = Certifier(X, q, params, mode=certificate)
+    cert = Certifier(X, q, params, mode=certificate, bound=bound)
     grid = params.secure_grid(X.shape[0])   # public: params and n only, never sigma_t
     Y_prev = q.copy()
     z_prev = q.copy()
