@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.common import Code, FitIns, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays  # noqa: E402
+from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays  # noqa: E402
 from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg, Strategy  # noqa: E402
 
 from fedmem.attacks.support import membership_report  # noqa: E402
@@ -224,11 +224,13 @@ def flower_run(tmp_path_factory):
     qs = sample_queries(data, 4, np.random.default_rng(5))
     rounds = [{"query": q.tolist(), "world": 0, "target": -1} for q in qs]
     rounds.append({"query": targets[0]["key"].tolist(), "world": 1, "target": 0})
+    rounds.append({"query": qs[0].tolist(), "world": 0, "target": -1})      # round 6: a silent dropout
     spec = dict(deployment="gateway", dp="fedmem", world=world, shards=6, value_dim=8, k_local=5, threshold=0.5,
                 clipping_range=8.0, rounds=rounds, flower_sigma=1.2, flower_clip=8.0, sigma=1.2,
                 sensitivity=math.sqrt(5.0), ledger=str(tmp_path_factory.mktemp("fl") / "ledger.sqlite"),
                 ledger_name="flower/test", epsilon_budget=math.inf, total_epsilon_budget=math.inf, delta=1e-6,
-                noise_seed=1, num_shares=5, reconstruction_threshold=3, num_cpus=2, drops={2: [3]})
+                noise_seed=1, num_shares=5, reconstruction_threshold=3, num_cpus=2, drops={2: [3]},
+                stalls={4: [6]}, stall_s=9.0, round_timeouts={6: 5.0})
     out = simulate(spec, timeout_s=900)
     return world, rounds, out
 
@@ -240,8 +242,8 @@ def test_secagg_sum_equals_plaintext_sum_bit_for_bit(flower_run):
     grid = SecAggGrid(8.0)
     checked = 0
     for rnd, fixed in out["fixed_sums"].items():
-        if rnd == 3:
-            continue                             # the dropped round: refused before the inner strategy ran
+        if rnd in (3, 6):
+            continue                             # the faulty rounds: refused before the inner strategy ran
         r = rounds[rnd - 1]
         ref = plaintext_fixed_sum(world, np.asarray(r["query"]), r["world"], r["target"], 5, 0.5, grid)
         assert fixed.dtype == np.int64 and np.array_equal(fixed, ref)
@@ -249,7 +251,7 @@ def test_secagg_sum_equals_plaintext_sum_bit_for_bit(flower_run):
         checked += 1
     assert checked == 4
     assert out["fixed_sums"][5][-1] >= 1           # the candidate round selected at least the candidate
-    assert 3 not in out["fixed_sums"]              # the faulty round never reached the inner strategy
+    assert 3 not in out["fixed_sums"] and 6 not in out["fixed_sums"]   # faulty rounds never reached it
 
 
 def test_dropped_client_fails_closed_and_admitted_rounds_are_booked(flower_run):
@@ -258,6 +260,10 @@ def test_dropped_client_fails_closed_and_admitted_rounds_are_booked(flower_run):
     assert audit[3]["decision"] == "fault" and "failures" in audit[3]["reasons"] and not audit[3]["bookings"]
     recs = {r["round"]: r for r in out["records"]}
     assert recs[3]["output"] is None
+    # round 6: client 4 replied after the deadline; no error reached the server, just fewer replies
+    assert recs[6]["failures"] == 0 and len(recs[6]["replied"]) == 5 and recs[6]["output"] is None
+    assert audit[6]["decision"] == "fault" and tuple(audit[6]["reasons"]) == ("reply_set",)
+    assert not audit[6]["bookings"]
     admitted = [k for k, a in audit.items() if a["decision"] == "admitted"]
     assert sorted(admitted) == [1, 2, 4, 5]
     assert all(recs[k]["output"] is not None for k in admitted)
@@ -280,3 +286,141 @@ def test_example_app_runs(tmp_path):
     eps = float(lines[-1].split(":")[1])
     acc = Accountant("rdp", store=DurableStore(str(tmp_path / "l.sqlite")), name="flower-app")
     assert acc.count == 2 and eps == pytest.approx(acc.spent(1e-6), abs=1e-4)
+
+
+# ---------------------------------------------------------------- faults: Flower's DP wrapper vs the gateway
+class _NoReplySetCheck(SupportGatewayStrategy):
+    """Broken: admits a round whatever came back (no failure / reply-set checks)."""
+
+    def _contract_faults(self, sampled, results, failures):
+        return []
+
+
+def _flower_dp(m=M, sigma=1.0, clip=2.0):
+    return DifferentialPrivacyClientSideFixedClipping(_Mean(), noise_multiplier=sigma, clipping_norm=clip,
+                                                      num_sampled_clients=m)
+
+
+def _dropout_noise(strategy, rounds=150, drop=(1,)):
+    """Noise Flower's wrapper adds on rounds where the clients in ``drop`` never replied (no failure)."""
+    from fedmem.flower.experiment import _chi2_std_ci
+
+    noise, released = [], 0
+    # Flower draws its noise from the global NumPy RNG (not injectable): seed it for this measurement only
+    # and restore it, so the test is deterministic and leaves no trace.
+    state = np.random.get_state()
+    np.random.seed(1234)
+    try:
+        for rnd in range(1, rounds + 1):
+            cm = _Manager(M)
+            ins = strategy.configure_fit(rnd, strategy.initialize_parameters(cm), cm)
+            xs = [np.full(D, 0.25 * i) for i in range(M)]
+            results = [(p, _res(x)) for i, ((p, _), x) in enumerate(zip(ins, xs)) if i not in drop]
+            params, _ = strategy.aggregate_fit(rnd, results, [])
+            if params is not None:
+                released += 1
+                exact = np.mean([x for i, x in enumerate(xs) if i not in drop], axis=0)
+                noise.append(parameters_to_ndarrays(params)[0] - exact)
+    finally:
+        np.random.set_state(state)
+    return released, (_chi2_std_ci(noise, 0.05) if noise else None)
+
+
+def test_flower_dp_wrapper_fails_closed_on_errors_but_undernoises_a_silent_dropout():
+    sigma, clip = 1.0, 2.0
+    wrapper = _flower_dp(sigma=sigma, clip=clip)
+    # an error reply (failure): Flower's wrapper returns no aggregate
+    cm = _Manager(M)
+    ins = wrapper.configure_fit(1, wrapper.initialize_parameters(cm), cm)
+    params, _ = wrapper.aggregate_fit(1, [(p, _res(np.ones(D))) for p, _ in ins[1:]], [RuntimeError("x")])
+    assert params is None
+    # a silent dropout (M-1 replies, no failure): released, with noise calibrated to M, not to M-1
+    released, (std, (lo, hi)) = _dropout_noise(wrapper)
+    assert released == 150
+    calibrated, needed = sigma * clip / M, sigma * clip / (M - 1)
+    assert lo <= calibrated <= hi                # what Flower adds: sigma C / num_sampled_clients
+    assert hi < needed                           # provably less than the mean over M-1 replies needs
+
+
+@pytest.mark.parametrize("cls, want_released", [(SupportGatewayStrategy, 0), (_NoReplySetCheck, 20)])
+def test_gateway_refuses_a_silent_dropout_and_the_broken_gateway_is_caught(cls, want_released):
+    gw = cls(_flower_dp(), Accountant("rdp"), num_sampled_clients=M, public_num_examples=5, sensitivity=2.0,
+             epsilon_budget=math.inf, total_epsilon_budget=math.inf)
+    released, _ = _dropout_noise(gw, rounds=20)
+    assert released == want_released            # the same check passes the real one and catches the broken one
+    booked = gw.gateway.principal_accountant(gw.principal).count
+    assert booked == want_released              # nothing booked for what was not released (and vice versa)
+    if cls is SupportGatewayStrategy:
+        assert {r.reasons for r in gw.audit} == {("reply_set",)}
+
+
+def test_a_round_whose_aggregate_never_comes_releases_its_pending_charge():
+    """SecAggPlusWorkflow halts (too few shares) without calling aggregate_fit: the next round must not
+    see the halted round's charge as pending (it is logged as a fault, nothing booked)."""
+    one = gw_eps()
+    gw = _gateway(epsilon_budget=one * 1.5)      # room for exactly one round
+    cm = _Manager(M)
+    assert gw.configure_fit(1, gw.initialize_parameters(cm), cm)       # round 1 opened, never aggregated
+    ins, (params, _) = _round(gw, 2)
+    assert ins and params is not None            # the stale reservation of round 1 did not block round 2
+    assert [(r.server_round, r.decision, r.reasons) for r in gw.audit[:1]] == [(1, "fault", ("no_aggregate_fit",))]
+    assert _booked(gw) == 1
+
+
+# ---------------------------------------------------------------- the scenario kind: keys and the Ray column
+def test_scenario_keys_are_validated_with_their_names(tmp_path):
+    from fedmem.errors import ScenarioError
+    from fedmem.scenario import load_scenario
+
+    path = ROOT / "scenarios" / "flower_support_leak.toml"
+    sc = load_scenario(path)
+    assert list(sc.config.federation.dp) == ["fedmem", "flower"] and sc.config.ray_engine.enabled
+    for override, key in (('federation.dp=["magic"]', "federation.dp"), ("faults.dropout_clients=20",
+                                                                        "faults.dropout_clients"),
+                          ('ray_engine.mpc="nope"', "ray_engine.mpc"), ("faults.deadline_s=0", "faults.deadline_s")):
+        with pytest.raises(ScenarioError, match=key.replace(".", r"\.")):
+            load_scenario(path, [override])
+    # the budgets decide what the audit sees: a file without them is refused, naming the key
+    import tomllib
+
+    import tomli_w
+
+    data = tomllib.loads(path.read_text())
+    del data["federation"]["epsilon_budget"]
+    cut = tmp_path / "cut.toml"
+    cut.write_text(tomli_w.dumps(data))
+    with pytest.raises(ScenarioError, match=r"federation\.epsilon_budget"):
+        load_scenario(cut)
+
+
+def test_ray_engine_column_same_data_exact_receipts_leak_noised_ones_are_booked(ray_local):
+    from types import SimpleNamespace as NS
+
+    from fedmem.attacks.support import membership_report, reconstruction_report
+    from fedmem.bench.shards import sample_queries
+    from fedmem.flower.apps import build_world, world_spec
+    from fedmem.flower.experiment import _eps_of, _truths
+    from fedmem.flower.ray_engine import run_ray_engine
+
+    f = NS(shards=6, records_per_shard=12, key_dim=16, value_dim=8, clip=1.0, k_local=5, threshold=0.5, sigma=1.2,
+           delta=1e-6, num_cpus=2)
+    r = NS(mpc="plaintext", receipt_sigma=4.0, hosts=2)
+    world = world_spec(seed=3, shards=6, records_per_shard=12, key_dim=16, value_dim=8, clip=1.0, clusters=4,
+                       spread=0.35, targets=1)
+    data, targets = build_world(world)
+    qs = sample_queries(data, 6, np.random.default_rng(5))
+    out = run_ray_engine(f, r, data, targets, qs, 8, rng_for=lambda *k: np.random.default_rng(len(k)),
+                         log=lambda *_: None)
+    # the same selection as the Flower ClientApps: identical contributing-shard counts
+    flower_truths = _truths(world, [{"query": q, "world": 0, "target": -1} for q in qs], 5, 0.5, SecAggGrid(8.0), 6)
+    und, dfd = out["undefended"], out["defended"]
+    assert und["truths"] == flower_truths == dfd["truths"]
+    # undefended: exact receipts give the exact cardinality and separate the worlds perfectly
+    assert reconstruction_report(und["estimates"], und["truths"], 0).rate == 1.0
+    assert min(und["pos"]) > max(und["neg"])
+    assert max(und["booked"]) == pytest.approx(_eps_of(1.2, 1e-6))         # only the value is booked
+    # defended: value and noised receipts booked (more than the value alone), every answer admitted
+    assert dfd["refused"] == 0 and min(dfd["booked"]) > _eps_of(1.2, 1e-6) + 1e-3
+    rep = membership_report(dfd["pos"], dfd["neg"], delta=1e-6, rng=np.random.default_rng(0),
+                            epsilon_claim=max(dfd["booked"]))
+    assert rep.ceiling_violations == 0

@@ -146,14 +146,41 @@ class ShardClient(NumPyClient):
         return [x], c, {"matches": c}
 
 
+def message_bytes_mod(path: str):
+    """A client mod that appends ``round,bytes_in,bytes_out`` for every message to ``path``.
+
+    Sizes are the protobuf-serialized message contents (``RecordDict``) as they cross the
+    client boundary (outermost mod: SecAgg+'s stage messages and masked vectors included);
+    Flower's simulation reports no bytes itself. Lines are short single ``write`` calls on
+    an ``O_APPEND`` file, so concurrent actor processes do not interleave them.
+    """
+    import os
+
+    from flwr.common.serde import recorddict_to_proto
+
+    def mod(msg, context, call_next):
+        out = call_next(msg, context)
+        b_in = recorddict_to_proto(msg.content).ByteSize()
+        b_out = recorddict_to_proto(out.content).ByteSize() if out.has_content() else 0
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{msg.metadata.group_id},{b_in},{b_out}\n".encode())
+        finally:
+            os.close(fd)
+        return out
+
+    return mod
+
+
 def make_client_app(spec_json: str, *, contract: str, k_local: int, threshold: float, grid: SecAggGrid,
                     flower_dp: bool = False, drops: dict | None = None, offset_units: int | None = None,
-                    stalls: dict | None = None, stall_s: float = 0.0):
+                    stalls: dict | None = None, stall_s: float = 0.0, bytes_log: str | None = None):
     """A Flower ``ClientApp`` of shards with ``secaggplus_mod`` (and ``fixedclipping_mod`` for Flower DP).
 
     ``drops``: {partition_id: [rounds]} clients that fail (raise) in those rounds.
     ``stalls``: {partition_id: [rounds]} clients that reply ``stall_s`` seconds late in those rounds
     (after the round's deadline: a silent dropout, no error message reaches the server).
+    ``bytes_log``: a file :func:`message_bytes_mod` appends message sizes to (benchmarks).
     """
     from flwr.client import ClientApp
     from flwr.client.mod import fixedclipping_mod, secaggplus_mod
@@ -168,7 +195,8 @@ def make_client_app(spec_json: str, *, contract: str, k_local: int, threshold: f
                            drop_rounds=drops.get(pid, ()), offset_units=offset, stall_rounds=stalls.get(pid, ()),
                            stall_s=stall_s).to_client()
 
-    mods = [secaggplus_mod] + ([fixedclipping_mod] if flower_dp else [])
+    mods = ([message_bytes_mod(bytes_log)] if bytes_log else []) + [secaggplus_mod] + (
+        [fixedclipping_mod] if flower_dp else [])
     return ClientApp(client_fn=client_fn, mods=mods)
 
 
@@ -231,10 +259,11 @@ class QueryStrategy(Strategy):
 class Recorder(Strategy):
     """Outermost wrapper: records the server's view (inputs) and the released output of each fit round."""
 
-    def __init__(self, strategy: Strategy):
+    def __init__(self, strategy: Strategy, log_sink: list | None = None):
         super().__init__()
         self.strategy = strategy
         self.records: dict[int, dict] = {}
+        self.log_sink = log_sink      # a list a logging handler appends to (Flower's warnings), or None
 
     def __repr__(self) -> str:
         return f"Recorder({self.strategy!r})"
@@ -257,7 +286,9 @@ class Recorder(Strategy):
         rec["metrics"] = [dict(r.metrics or {}) for _, r in results]
         rec["failures"] = len(failures)
         rec["t_replied"] = time.perf_counter()
+        n0 = len(self.log_sink) if self.log_sink is not None else 0
         params, metrics = self.strategy.aggregate_fit(server_round, results, failures)
+        rec["warnings"] = list(self.log_sink[n0:]) if self.log_sink is not None else []
         rec["output"] = None if params is None else parameters_to_ndarrays(params)[0].astype(np.float64)
         rec["output_metrics"] = dict(metrics or {})
         rec["t_aggregated"] = time.perf_counter()

@@ -27,7 +27,9 @@ masked-vector stage of SecAgg+: an error reply, which Flower reports as a failur
 ``stalls`` ({partition id: [rounds]}) clients reply ``stall_s`` seconds late, after the
 round's deadline (``round_timeouts`` {round: seconds}, else ``timeout_s``): a silent
 dropout, the server just gets fewer replies. The deadline is public configuration set on
-``SecAggPlusWorkflow.timeout`` per round (:class:`_RoundDeadlines`).
+``SecAggPlusWorkflow.timeout`` per round (:class:`_RoundDeadlines`); after a round with a
+stalled client the server waits ``stall_s`` before the next round, so the late reply is
+done before that node is asked again (simulation artefact, see :class:`_RoundDeadlines`).
 """
 
 from __future__ import annotations
@@ -53,16 +55,25 @@ def _check(spec: dict) -> None:
 class _RoundDeadlines:
     """A fit workflow: ``SecAggPlusWorkflow`` with a per-round deadline (its ``timeout`` attribute)."""
 
-    def __init__(self, workflow, default, per_round: dict):
+    def __init__(self, workflow, default, per_round: dict, pause_after: dict | None = None):
         self.workflow, self.default = workflow, default
         self.per_round = {int(k): float(v) for k, v in (per_round or {}).items()}
+        self.pause_after = {int(k): float(v) for k, v in (pause_after or {}).items()}
 
     def __call__(self, grid, context) -> None:
         from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, Key
 
         rnd = int(context.state.config_records[MAIN_CONFIGS_RECORD][Key.CURRENT_ROUND])
         self.workflow.timeout = self.per_round.get(rnd, self.default)
-        return self.workflow(grid, context)
+        try:
+            return self.workflow(grid, context)
+        finally:
+            # Let late (dropped-out) ClientApps finish before the next round: Flower's simulation writes a
+            # node's context back when its message is done, and a late write-back would overwrite the
+            # SecAgg+ state the next round set up for that node (it then fails that round: a fault of the
+            # simulation, not of the protocol).
+            if rnd in self.pause_after:
+                time.sleep(self.pause_after[rnd])
 
 
 class _Warnings(logging.Handler):
@@ -95,8 +106,6 @@ def _run(spec: dict) -> dict:
     from fedmem.flower.gateway import SupportGatewayStrategy
 
     logging.getLogger("flwr").setLevel(spec.get("flwr_log_level", logging.WARNING))
-    warn = _Warnings()
-    logging.getLogger("flwr").addHandler(warn)
     dep = spec["deployment"]
     grid = SecAggGrid(spec["clipping_range"])
     m = spec["shards"]
@@ -123,8 +132,10 @@ def _run(spec: dict) -> dict:
             gw = SupportGatewayStrategy(inner, acc, dp="fedmem", noise_multiplier=spec["sigma"],
                                         rng=np.random.default_rng(spec["noise_seed"]), **kw)
         inner = gw
-    top = Recorder(inner)
+    warn = _Warnings()
+    top = Recorder(inner, log_sink=warn.messages)
 
+    logging.getLogger("flwr").addHandler(warn)
     server_app = ServerApp()
 
     @server_app.main()
@@ -135,13 +146,16 @@ def _run(spec: dict) -> dict:
                                     clipping_range=grid.clipping_range, quantization_range=grid.quantization_range,
                                     modulus_range=grid.modulus_range, max_weight=float(spec["k_local"]),
                                     timeout=spec.get("timeout_s"))
-        wf = DefaultWorkflow(fit_workflow=_RoundDeadlines(secagg, spec.get("timeout_s"), spec.get("round_timeouts")))
+        stall = float(spec.get("stall_s", 0.0))
+        pauses = {r: stall for rs in (spec.get("stalls") or {}).values() for r in rs}
+        wf = DefaultWorkflow(fit_workflow=_RoundDeadlines(secagg, spec.get("timeout_s"), spec.get("round_timeouts"),
+                                                          pauses))
         wf(grid_, ctx)
 
     client_app = make_client_app(spec["world"], contract=contract, k_local=spec["k_local"],
                                  threshold=spec["threshold"], grid=grid, flower_dp=flower_dp,
                                  drops=spec.get("drops"), offset_units=offset, stalls=spec.get("stalls"),
-                                 stall_s=float(spec.get("stall_s", 0.0)))
+                                 stall_s=float(spec.get("stall_s", 0.0)), bytes_log=spec.get("bytes_log"))
     init_args = local_options(spec.get("num_cpus", 2))
     init_args.pop("log_to_driver", None)
     backend = {"init_args": {**init_args, "log_to_driver": False},
@@ -151,7 +165,7 @@ def _run(spec: dict) -> dict:
     wall = time.perf_counter() - t0
     logging.getLogger("flwr").removeHandler(warn)
     out = {"records": [top.records[k] for k in sorted(top.records)], "fixed_sums": query.fixed_sums,
-           "aggregates": query.aggregates, "wall_s": wall, "gateway": None, "flwr_warnings": warn.messages,
+           "aggregates": query.aggregates, "wall_s": wall, "gateway": None, "flwr_warnings": [w.splitlines()[0][:300] for w in warn.messages if w],
            "noise_std_on_mean": None}
     if flower_dp:   # what Flower's wrapper adds to the mean: N(0, (sigma_f C_f / num_sampled_clients)^2)
         out["noise_std_on_mean"] = spec["flower_sigma"] * spec["flower_clip"] / m
