@@ -27,6 +27,7 @@ PRIVACY_KEYS = {
     "memview.table2": ["budget.cap", "budget.K", "run.methods"],
     "memview.table3": ["sweep.caps", "sweep.K_for_caps", "sweep.Ks", "sweep.cap_for_K", "run.methods"],
     "memview.table4": ["budget.cap", "budget.K", "run.methods"],
+    "flower.support_leak": ["federation.epsilon_budget", "federation.total_epsilon_budget"],
     "federation.support_leak": ["federation.selection", "federation.calibration", "federation.receipts",
                                 "federation.gateway", "federation.on_reject", "federation.epsilon_budget",
                                 "federation.total_epsilon_budget", "federation.support_budget_bits",
