@@ -14,7 +14,7 @@ import importlib
 FAMILIES: dict[str, str] = {
     "dp": "fedmem.experiments.dp_demo",
     "federation": "fedmem.experiments.support_leak",
-    "brace": "fedmem.agent.brace.experiment",
+    "brace": "fedmem.experiments.brace",
     "dpmind": "fedmem.agent.dpmind.experiment",
     "memview": "fedmem.experiments.memview",
 }
@@ -26,7 +26,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "dpmind": ("dpmind.niah",),
     "memview": ("memview.table2", "memview.table3", "memview.table4"),
 }
-FAMILIES["flower"], KINDS["flower"] = "fedmem.flower.experiment", ("flower.support_leak",)  # Flower engine (issue 10)
+FAMILIES["flower"], KINDS["flower"] = "fedmem.experiments.flower", ("flower.support_leak",)  # Flower engine (issue 10)
 
 
 def family_experiments(family: str) -> dict:

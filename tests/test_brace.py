@@ -493,7 +493,7 @@ def test_propagation_bound_is_strictly_tighter_where_annulus_bound_was_2r():
     A^(0) = 2r; the clean-trajectory propagation bound is strictly below it (and the
     combined certificate is never above the old one)."""
     from fedmem.agent.brace.certificate import Certifier
-    from fedmem.agent.brace.experiment import make_mixture
+    from fedmem.agent.brace.instances import make_mixture
 
     X = make_mixture(256, 0.3, [0.5, 0.2], 0.2, np.random.default_rng(20261006))
     p = BraceParams(r=0.8, T=5, epsilon=128.0, delta=1e-5, d=2, kappa=0.003)
@@ -569,7 +569,7 @@ def test_box_search_is_strictly_tighter_where_the_old_bound_was_2r():
     CorrectedCountSearch A^(0) is far below 2r, and Delta_bar is strictly smaller at the
     Eq. (8) gamma (count-envelope floor) and several times smaller at the paper's 0.25."""
     from fedmem.agent.brace.certificate import Certifier
-    from fedmem.agent.brace.experiment import make_mixture
+    from fedmem.agent.brace.instances import make_mixture
 
     X = make_mixture(256, 0.3, [0.5, 0.2], 0.2, np.random.default_rng(20261006))
     q = np.repeat(np.array([[-0.25, 0.25]]), 40, axis=0)
@@ -597,7 +597,7 @@ def test_synthetic_scenario_rejects_bad_placement_keys():
                             ("mechanism.certificate_bound=exact", "certificate_bound")):
         with pytest.raises(ScenarioError, match=match):
             load_scenario("scenarios/brace_synthetic.toml", [override])
-    from fedmem.agent.brace.experiment import make_mixture, unstable_start
+    from fedmem.agent.brace.instances import make_mixture, unstable_start
 
     X = make_mixture(50, 0.1, [0.5, 0.4], 0.1, np.random.default_rng(0))
     p = BraceParams(r=0.8, T=2, epsilon=128.0, delta=1e-5, d=2, kappa=0.003)

@@ -303,7 +303,7 @@ def _flower_dp(m=M, sigma=1.0, clip=2.0):
 
 def _dropout_noise(strategy, rounds=150, drop=(1,)):
     """Noise Flower's wrapper adds on rounds where the clients in ``drop`` never replied (no failure)."""
-    from fedmem.flower.experiment import _chi2_std_ci
+    from fedmem.experiments.flower import _chi2_std_ci
 
     noise, released = [], 0
     # Flower draws its noise from the global NumPy RNG (not injectable): seed it for this measurement only
@@ -399,7 +399,7 @@ def test_ray_engine_column_same_data_exact_receipts_leak_noised_ones_are_booked(
     from fedmem.attacks.support import membership_report, reconstruction_report
     from fedmem.bench.shards import sample_queries
     from fedmem.flower.apps import build_world, world_spec
-    from fedmem.flower.experiment import _eps_of, _truths
+    from fedmem.experiments.flower import _eps_of, _truths
     from fedmem.flower.ray_engine import run_ray_engine
 
     f = NS(shards=6, records_per_shard=12, key_dim=16, value_dim=8, clip=1.0, k_local=5, threshold=0.5, sigma=1.2,

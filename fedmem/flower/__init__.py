@@ -4,7 +4,7 @@
   so that only booked DP or public channels leave a fit round (docs/flower.md).
 * :class:`SecAggGrid` (:mod:`fedmem.flower.fixedpoint`): values on Flower's SecAgg+
   quantization grid, so a SecAgg+ sum decodes bit for bit.
-* :mod:`fedmem.flower.apps`, :mod:`fedmem.flower.sim`, :mod:`fedmem.flower.experiment`:
+* :mod:`fedmem.flower.apps`, :mod:`fedmem.flower.sim`, :mod:`fedmem.experiments.flower`:
   shards as ClientApps, one query per round, the ``flower.support_leak`` scenario kind.
 """
 

@@ -6,7 +6,7 @@ shared innovations; per-step per-coordinate squared error relative to noiseless 
 over many paired noise draws (and over the draws where Naive DAM switched modes) plus one
 illustrative trajectory plot. The paper setup (default) uses tight modes and the cue
 where Naive DAM is least stable, chosen on calibration draws of its own
-(:func:`unstable_start`).
+(:func:`fedmem.agent.brace.instances.unstable_start`).
 
 ``brace.digits`` (Sec. 6.2): retrieval under strong query corruption ``q = x + 3u`` on
 2 PCA coordinates of scikit-learn's digits (stand-in for the MNIST-VAE features), over
@@ -25,6 +25,7 @@ from fedmem.agent.brace.baselines import clean_endpoint_noise, iterative_baselin
 from fedmem.agent.brace.lsr import clean_trajectory
 from fedmem.agent.brace.mechanism import NoiseSource, brace_run
 from fedmem.agent.brace.params import GAMMA_MODES, NOT_DP_LABEL, PAPER_GAMMA_MODE, BraceParams, gamma_max
+from fedmem.agent.brace.instances import basin_boundary_start, make_mixture, unstable_start
 from fedmem.dp import samplers
 from fedmem.report import Result, Table
 from fedmem.scenario import Experiment, Param, at_least, each, nonempty_each, nonnegative, open_unit, positive
@@ -106,11 +107,12 @@ SYN_SCHEMA = {
     "mechanism": {
         "r": Param(float, 0.8, "LSR radius r = sqrt(2/beta) (paper: 0.8, beta = 3.125)", check=positive),
         "T": Param(int, 5, "retrieval horizon", check=positive),
-        "epsilon": Param(float, 128.0, "privacy epsilon of the whole trajectory", check=positive),
-        "delta": Param(float, 1e-5, "privacy delta", check=open_unit),
+        "epsilon": Param(float, help="required: privacy epsilon of the whole trajectory (paper: 128)", check=positive),
+        "delta": Param(float, help="required: privacy delta (paper: 1e-5)", check=open_unit),
         "kappa": Param(float, 0.003, "activation threshold kappa (Eq. (2)); the paper's instance activates "
                                      "at ||R_2|| = 0.125, so kappa < 0.0049 at r = 0.8, T = 5", check=positive),
-        "gamma": Param(float, 0.0, "smoothing parameter; 0 = largest value allowed by Eq. (8)", check=nonnegative),
+        "gamma": Param(float, help="required: smoothing parameter; 0 = largest value allowed by Eq. (8)",
+                       check=nonnegative),
         "gamma_mode": Param(str, "eq8", "'eq8' (default): only the DP setting; 'paper_0.25': also run BRACE "
                             "with the paper's gamma = 0.25, reported as 'violates Eq. (8): not a DP guarantee'"),
         "certificate_bound": Param(str, "all", "activated-branch bound of the certificate: 'all' (default: the "
@@ -142,60 +144,6 @@ def _syn_cross(cfg):
     if len(cfg.data.bridge_std) != 2:
         out.append(("data.bridge_std", f"must have 2 entries, found {len(cfg.data.bridge_std)}"))
     return out
-
-
-def make_mixture(n: int, mode_std: float, bridge_std, bridge_weight: float, rng) -> np.ndarray:
-    """Two dominant modes at (+-1, 0) plus a broader central component connecting them."""
-    comp = rng.choice(3, size=n, p=[(1 - bridge_weight) / 2, (1 - bridge_weight) / 2, bridge_weight])
-    centers = np.array([[-1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
-    stds = np.array([[mode_std, mode_std], [mode_std, mode_std], list(bridge_std)])
-    return centers[comp] + rng.standard_normal((n, 2)) * stds[comp]
-
-
-def basin_boundary_start(X: np.ndarray, y: float, r: float, T: int, lo: float = -0.9, hi: float = 0.9,
-                         halvings: int = 60) -> np.ndarray:
-    """``(x, y)`` where the x-coordinate of the noiseless endpoint ``z_T`` changes sign along
-    ``x in [lo, hi]`` (bisection; the returned point is on the ``lo`` side). Raises
-    ``ValueError`` when both ends give the same sign (no boundary on that line)."""
-    f = lambda x: clean_trajectory(X, np.array([[x, y]]), r, T)[-1, 0, 0]  # noqa: E731
-    s_lo, s_hi = np.sign(f(lo)), np.sign(f(hi))
-    if s_lo == s_hi:
-        raise ValueError(f"query.q[1] must give a basin boundary on x in [{lo}, {hi}] (the noiseless endpoint "
-                         f"has the same side at both ends). Found q[1]={y!r}.")
-    for _ in range(halvings):
-        mid = (lo + hi) / 2
-        if np.sign(f(mid)) == s_lo:
-            lo = mid
-        else:
-            hi = mid
-    return np.array([lo, y])
-
-
-def unstable_start(X: np.ndarray, params: BraceParams, box, points: int, min_gate: int, draws: int,
-                   rng) -> tuple[np.ndarray, dict]:
-    """The paper-setup cue of Sec. 6.1: among the cues of the grid ``box x box`` (``points``
-    per axis) whose gate ``I(D, q)`` holds at least ``min_gate`` memories, the one where
-    Naive DAM's mean final per-coordinate squared error vs noiseless DAM is largest over
-    ``draws`` innovations from ``rng`` (a stream of its own: the reported draws never
-    select the cue). Returns ``(cue, calibration stats)``; raises ``ValueError`` when no
-    candidate has a large enough gate."""
-    from fedmem.agent.brace.lsr import sq_dists
-
-    g = np.linspace(box[0], box[1], points)
-    cand = np.array([[x, y] for x in g for y in g])
-    cand = cand[(sq_dists(X, cand) <= params.r ** 2).sum(1) >= min_gate]
-    if cand.shape[0] == 0:
-        raise ValueError(f"query.min_gate must leave at least one candidate cue in the search box. Found min_gate="
-                         f"{min_gate!r} with no cue of the {points}x{points} grid on {list(box)} holding that many.")
-    S, T = cand.shape[0], params.T
-    normals = samplers.gaussian(1.0, (draws, T, 2), rng)
-    z = clean_trajectory(X, cand, params.r, T)                                  # (T+1, S, 2)
-    Y = iterative_baseline(X, np.repeat(cand, draws, axis=0), params, np.tile(normals, (S, 1, 1)), "count")
-    zt = np.transpose(np.repeat(z[1:], draws, axis=1), (1, 0, 2))
-    final = (np.sum((Y[:, -1] - zt[:, -1]) ** 2, axis=1) / 2).reshape(S, draws).mean(axis=1)
-    best = int(np.argmax(final))
-    return cand[best], {"candidates": S, "calibration_draws": draws,
-                        "calibration_final_error_naive": float(final[best])}
 
 
 def _mean_ci(v: np.ndarray, idx: np.ndarray) -> tuple[float, float, float]:
@@ -374,13 +322,14 @@ DIG_SCHEMA = {
         "betas": Param(list, PAPER_BETAS, "inverse temperatures (r = sqrt(2/beta))", item_type=float,
                        check=nonempty_each(positive)),
         "T": Param(list, [3, 5, 7], "horizons", item_type=int, check=nonempty_each(positive)),
-        "epsilons": Param(list, [16.0, 32.0, 64.0], "privacy epsilons", item_type=float,
+        "epsilons": Param(list, help="required: privacy epsilons (paper: 16, 32, 64)", item_type=float,
                           check=nonempty_each(positive)),
     },
     "mechanism": {
-        "delta": Param(float, 1e-5, "privacy delta", check=open_unit),
+        "delta": Param(float, help="required: privacy delta (paper: 1e-5)", check=open_unit),
         "kappa": Param(float, 128.0, "activation threshold kappa (paper: 128)", check=positive),
-        "gamma": Param(float, 0.0, "smoothing parameter; 0 = largest value allowed by Eq. (8)", check=nonnegative),
+        "gamma": Param(float, help="required: smoothing parameter; 0 = largest value allowed by Eq. (8)",
+                       check=nonnegative),
     },
     "repetitions": Param(int, 32, "paired noise repetitions per query", check=positive),
     "bootstrap": Param(int, 512, "query-cluster bootstrap resamples for the 95% CIs", check=at_least(10)),

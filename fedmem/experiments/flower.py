@@ -61,14 +61,14 @@ SCHEMA = {
         "k_local": Param(int, 5, "k': local top-k' before the threshold (also the public num_examples)",
                          check=at_least(1)),
         "threshold": Param(float, 0.5, "cosine threshold of the local selection"),
-        "dp": Param(list, ["fedmem", "flower"], "central DP of the defended deployments, one Flower + gateway "
+        "dp": Param(list, help="required: central DP of the defended deployments, one Flower + gateway "
                     "deployment each: 'fedmem' (the wrapper's own noise) and/or 'flower' (Flower's "
                     "DifferentialPrivacyClientSideFixedClipping inside the wrapper)", item_type=str, check=_dp_list),
-        "sigma": Param(float, 1.2, "fedmem noise multiplier (noise sigma * sensitivity on the sum)", check=positive),
-        "flower_sigma": Param(float, 1.2, "Flower DP wrapper noise_multiplier", check=positive),
-        "flower_clip": Param(float, 8.0, "Flower DP wrapper clipping_norm (fixedclipping_mod)", check=positive),
+        "sigma": Param(float, help="required: fedmem noise multiplier (noise sigma * sensitivity on the sum)", check=positive),
+        "flower_sigma": Param(float, help="required: Flower DP wrapper noise_multiplier", check=positive),
+        "flower_clip": Param(float, help="required: Flower DP wrapper clipping_norm (fixedclipping_mod)", check=positive),
         "clipping_range": Param(float, 8.0, "SecAgg+ clipping_range (power of two >= k' * clip)", check=positive),
-        "delta": Param(float, 1e-6, "delta of every epsilon", check=open_unit),
+        "delta": Param(float, help="required: delta of every epsilon", check=open_unit),
         "epsilon_budget": Param(float, help="required: gateway epsilon budget of the querying principal (inf "
                                 "disables; the audit needs every round answered)", check=positive, allow_inf=True),
         "total_epsilon_budget": Param(float, help="required: gateway total epsilon budget (inf disables)",
