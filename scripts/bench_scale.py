@@ -8,8 +8,10 @@ k'=5 candidates, d-dim values clipped to norm 1, rows sorted by score, 2 parties
 * batched throughput: B queries in one call (B = --batch, capped so that B*S <=
   --batch-cells), median over --batch-repeats;
 * CrypTen rounds and bytes (bytes per query for the batch run);
-* peak resident memory per process: the driver (which here plays all shard hosts) and
-  each party (fresh parties for every S, so ``ru_maxrss`` is that S's peak).
+* peak resident memory per process (``ru_maxrss``): the driver (which here plays all
+  shard hosts: it makes the shares, puts each party's packet in the object store once and
+  drops its copy) and each party (fresh parties for every S, so it is that S's peak); the
+  packets' size in the object store (the parties fetch them from there, zero-copy).
 
 Every secure result is checked bit for bit against the plaintext reference on the same
 shares. At the smallest S the naive CrypTen loop (k sequential argmaxes) runs side by
@@ -35,19 +37,30 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from fedmem.federation.mpc import CryptenParties, PlaintextParties, choose_impl  # noqa: E402
-from fedmem.federation.sharing import SelectionSpec, share_candidates  # noqa: E402
+from fedmem.federation.sharing import SelectionSpec, SharePacket, share_candidates  # noqa: E402
 
 MODES = ("topk", "threshold", "broadcast")
 
 
-def make_packets(rng, B, S, m, d, n_parties, mode):
-    """Candidates as hosts send them: per-shard sorted scores, clipped values, broadcast dummies flagged valid."""
-    scores = -np.sort(-rng.uniform(-1, 1, (B, S, m)), axis=-1)
-    values = rng.normal(size=(B, S, m, d)) / np.sqrt(d)
-    values /= np.maximum(1.0, np.linalg.norm(values, axis=-1, keepdims=True))
-    valid = np.ones((B, S, m), dtype=np.int64)
-    pk = share_candidates(scores, values, valid, np.arange(S), n_parties, rng)
-    return [[p] for p in pk]
+def make_packets(rng, B, S, m, d, n_parties, mode, chunk=8192):
+    """Candidates as hosts send them: per-shard sorted scores, clipped values, broadcast dummies flagged valid.
+
+    Made ``chunk`` shards at a time straight into the final share arrays, so the float
+    temporaries never exceed one chunk (100,000 shards: 1 GB of shares, not 3 GB of work)."""
+    sc = np.empty((n_parties, B, S, m), dtype=np.int64)
+    va = np.empty((n_parties, B, S, m, d), dtype=np.int64)
+    ok = np.empty((n_parties, B, S, m), dtype=np.int64)
+    for lo in range(0, S, chunk):
+        hi = min(S, lo + chunk)
+        scores = -np.sort(-rng.uniform(-1, 1, (B, hi - lo, m)), axis=-1)
+        values = rng.normal(size=(B, hi - lo, m, d)) / np.sqrt(d)
+        values /= np.maximum(1.0, np.linalg.norm(values, axis=-1, keepdims=True))
+        valid = np.ones((B, hi - lo, m), dtype=np.int64)
+        for p, pk in enumerate(share_candidates(scores, values, valid, np.arange(lo, hi), n_parties, rng)):
+            sc[p, :, lo:hi], va[p, :, lo:hi], ok[p, :, lo:hi] = pk.scores, pk.values, pk.valid
+        del scores, values, valid
+    return [[SharePacket(scores=sc[p], values=va[p], valid=ok[p], shard_ids=np.arange(S, dtype=np.int64))]
+            for p in range(n_parties)]
 
 
 def check(ref, got, what):
@@ -67,48 +80,94 @@ def fit_exponent(xs, ys):
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
-def run_size(a, S, rng, naive: bool):
+def _put(packets):
+    """Each party's packet into the object store once; the parties fetch it themselves (refs nested
+    in a list, as the engine passes them), so repeated runs do not re-send the shares."""
     import ray
 
-    if S >= a.big_shards:   # one timed run each: a single query already takes minutes there
+    return [[ray.put(p[0])] for p in packets]
+
+
+def _nbytes(packets) -> int:
+    return sum(x.scores.nbytes + x.values.nbytes + x.valid.nbytes for p in packets for x in p)
+
+
+def run_size(a, S, rng, naive: bool):
+    """One shard count: all modes (and the naive loop at the smallest S), fresh parties.
+
+    Below --big-shards every mode's packets are made up front and the repeats are
+    interleaved across methods (A B C A B C) so that load drift favours none of them. From
+    --big-shards on, one mode at a time: its packets are made, put in the object store,
+    dropped by the driver, run once, and released before the next mode (peak memory).
+    """
+    import gc
+
+    import ray
+
+    big = S >= a.big_shards
+    if big:   # one timed run each: a single query already takes many seconds there
         a = argparse.Namespace(**{**vars(a), "repeats": 1, "batch_repeats": 1, "naive_repeats": 1})
     B = max(1, min(a.batch, a.batch_cells // S))
     specs = {"topk": SelectionSpec("topk", k=a.k), "threshold": SelectionSpec("threshold", threshold=a.threshold),
              "broadcast": SelectionSpec("broadcast")}
-    one = {mo: make_packets(rng, 1, S, a.m, a.dim, 2, mo) for mo in MODES}
-    many = one if B == 1 else {mo: make_packets(rng, B, S, a.m, a.dim, 2, mo) for mo in MODES}
+    methods = [(mo, "auto") for mo in MODES] + ([("topk", "argmax")] if naive else [])
     plain = PlaintextParties(2)
-    ref1 = {mo: plain.run(one[mo], specs[mo]) for mo in MODES}
-    refB = ref1 if B == 1 else {mo: plain.run(many[mo], specs[mo]) for mo in MODES}
     t0 = time.perf_counter()
     cp = CryptenParties(2, timeout_s=3600, start_timeout_s=600, placement=a.placement, threads=a.threads,
                         shards_sorted=True)
     start_s = time.perf_counter() - t0
-    methods = [(mo, "auto") for mo in MODES] + ([("topk", "argmax")] if naive else [])
     single = {m: [] for m in methods}
     batch = {m: [] for m in methods}
-    last = {}
+    last, store_mb = {}, {}
+
+    def prepare(mo):
+        """(refs for B=1, refs for B, plaintext references); the driver keeps no share."""
+        one = make_packets(rng, 1, S, a.m, a.dim, 2, mo)
+        ref1 = plain.run(one, specs[mo])
+        store_mb[mo] = _nbytes(one) / 2**20
+        one_refs = _put(one)
+        del one
+        if B == 1:
+            return one_refs, one_refs, ref1, ref1
+        many = make_packets(rng, B, S, a.m, a.dim, 2, mo)
+        refB = plain.run(many, specs[mo])
+        store_mb[mo] += _nbytes(many) / 2**20
+        many_refs = _put(many)
+        del many
+        gc.collect()
+        return one_refs, many_refs, ref1, refB
+
+    def timed(mo, impl, packets, ref, bucket, what):
+        t = time.perf_counter()
+        r = cp.run(packets, specs[mo], impl=impl)
+        bucket[mo, impl].append(time.perf_counter() - t)
+        check(ref, r, f"S={S} {mo} {impl} {what}")
+        return r
+
     try:
-        for mo, impl in methods:   # warm-up and correctness
-            check(ref1[mo], cp.run(one[mo], specs[mo], impl=impl), f"S={S} {mo} {impl}")
-        for rep in range(a.repeats):   # interleaved: A B C A B C ...
+        if not big:
+            data = {mo: prepare(mo) for mo in MODES}
+            for mo, impl in methods:   # warm-up and correctness
+                check(data[mo][2], cp.run(data[mo][0], specs[mo], impl=impl), f"S={S} {mo} {impl}")
+            for rep in range(a.repeats):   # interleaved: A B C A B C ...
+                for mo, impl in methods:
+                    if impl == "argmax" and rep >= a.naive_repeats:
+                        continue
+                    last[mo, impl, 1] = timed(mo, impl, data[mo][0], data[mo][2], single, "1 query")
+            for rep in range(a.batch_repeats if B > 1 else 0):   # B == 1: the batch is the single query
+                for mo, impl in methods:
+                    if impl == "argmax" and rep >= a.naive_repeats:
+                        continue
+                    last[mo, impl, B] = timed(mo, impl, data[mo][1], data[mo][3], batch, "batch")
+            del data
+        else:
             for mo, impl in methods:
-                if impl == "argmax" and rep >= a.naive_repeats:
-                    continue
-                t = time.perf_counter()
-                r = cp.run(one[mo], specs[mo], impl=impl)
-                single[mo, impl].append(time.perf_counter() - t)
-                check(ref1[mo], r, f"S={S} {mo} {impl}")
-                last[mo, impl, 1] = r
-        for rep in range(a.batch_repeats if B > 1 else 0):   # B == 1: the batch is the single query
-            for mo, impl in methods:
-                if impl == "argmax" and rep >= a.naive_repeats:
-                    continue
-                t = time.perf_counter()
-                r = cp.run(many[mo], specs[mo], impl=impl)
-                batch[mo, impl].append(time.perf_counter() - t)
-                check(refB[mo], r, f"S={S} {mo} {impl} batch")
-                last[mo, impl, B] = r
+                one_refs, many_refs, ref1, refB = prepare(mo)
+                last[mo, impl, 1] = timed(mo, impl, one_refs, ref1, single, "1 query")
+                if B > 1:
+                    last[mo, impl, B] = timed(mo, impl, many_refs, refB, batch, "batch")
+                del one_refs, many_refs
+                gc.collect()
         if B == 1:
             batch = single
             last.update({(mo, impl, 1): last[mo, impl, 1] for mo, impl in methods})
@@ -125,8 +184,9 @@ def run_size(a, S, rng, naive: bool):
                          batch_qps=B / statistics.median(batch[mo, impl]), batch_runs=len(batch[mo, impl]),
                          rounds=r1.stats["rounds"], bytes_per_query=r1.stats["bytes"],
                          batch_rounds=rB.stats["rounds"], batch_bytes_per_query=rB.stats["bytes"] / B,
-                         party_peak_mb=max(party_rss) / 2**20, driver_peak_mb=rss_self() / 2**20,
-                         parties_start_s=start_s))
+                         party_peak_mb=[x / 2**20 for x in party_rss], driver_peak_mb=rss_self() / 2**20,
+                         store_packets_mb=store_mb[mo], parties_start_s=start_s, load=os.getloadavg()[0],
+                         single_times=single[mo, impl], batch_times=batch[mo, impl]))
     return rows
 
 
@@ -172,16 +232,22 @@ def main(argv=None):
 
     print()
     print(f"{'shards':>7s} {'mode':10s} {'impl':8s} {'1q (s)':>9s} {'runs':>4s} {'B':>4s} {'B impl':8s} "
-          f"{'q/s':>8s} {'rounds':>7s} {'KB/q':>9s} {'batch KB/q':>10s} {'party MB':>9s} {'driver MB':>9s}")
+          f"{'q/s':>8s} {'rounds':>7s} {'KB/q':>9s} {'batch KB/q':>10s} {'parties MB':>11s} {'driver MB':>9s} "
+          f"{'store MB':>8s}")
     for r in rows:
         print(f"{r['shards']:7d} {r['mode']:10s} {r['impl']:8s} {r['single_s']:9.4f} {r['single_runs']:4d} "
               f"{r['batch']:4d} {r['batch_impl']:8s} "
               f"{r['batch_qps']:8.1f} {r['rounds']:7d} {r['bytes_per_query'] / 1e3:9.1f} "
-              f"{r['batch_bytes_per_query'] / 1e3:10.1f} {r['party_peak_mb']:9.0f} {r['driver_peak_mb']:9.0f}")
+              f"{r['batch_bytes_per_query'] / 1e3:10.1f} {'+'.join(f'{x:.0f}' for x in r['party_peak_mb']):>11s} "
+              f"{r['driver_peak_mb']:9.0f} {r['store_packets_mb']:8.0f}")
     smallest = min(a.shards)
     nv = next((r for r in rows if r["shards"] == smallest and r["impl"] == "argmax"), None)
     fm = next(r for r in rows if r["shards"] == smallest and r["mode"] == "topk" and r["impl"] != "argmax")
     if nv:
+        rng_s = f"[{min(fm['single_times']):.3f}, {max(fm['single_times']):.3f}]"
+        rng_b = f"[{B_ / max(fm['batch_times']):.1f}, {B_ / min(fm['batch_times']):.1f}]" \
+            if (B_ := fm["batch"]) else ""
+        print(f"S={smallest} top-k ranges (min-max over runs): 1 query {rng_s} s, batched {rng_b} q/s")
         print(f"\nS={smallest}: fedmem top-k ({fm['impl']}) {fm['single_s']:.3f} s vs naive loop "
               f"{nv['single_s']:.3f} s "
               f"per query: {nv['single_s'] / fm['single_s']:.1f}x; batched {fm['batch_qps']:.1f} vs "

@@ -353,15 +353,15 @@ def test_shard_host_actor_has_no_torch_and_bad_queries_are_named(data, ray_local
 @pytest.mark.parametrize("kw, match", [
     (dict(sigma=0.0), "sigma must be positive"),
     (dict(delta=1.5), "delta must be in the open interval"),
-    (dict(k=100), "k must be <= shards \\* k_local"),
+    (dict(k=100), "k=100 is larger than the candidates sent, shards\\*k_local=24"),
     (dict(selection="random"), "selection must be one of"),
     (dict(receipts="leak"), "receipts must be one of"),
-    (dict(hosts=13), "hosts must be <= shards"),
-    (dict(parties=4, mpc="crypten"), "parties must be 2 or 3"),
-    (dict(threshold=2.0), "threshold must be a cosine similarity"),
-    (dict(k_local=N + 1), "k_local must be <= records_per_shard"),
+    (dict(hosts=13), "hosts=13 exceeds shards=12"),
+    (dict(parties=4, mpc="crypten"), "parties: must be 2 or 3"),
+    (dict(threshold=2.0), "threshold must be in \\[-1.0, 1.0\\], found 2.0"),
+    (dict(k_local=N + 1), "k_local=21 exceeds records_per_shard=20"),
     (dict(epsilon_budget=0.0), "epsilon_budget must be positive"),
-    (dict(max_batch=0), "max_batch must be >= 1"),
+    (dict(max_batch=0), "max_batch must be positive, found 0"),
 ])
 def test_config_validation(kw, match):
     with pytest.raises(ValueError, match=match):

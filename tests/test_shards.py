@@ -175,12 +175,48 @@ def test_federation_over_host_generated_data_equals_single_process_data(ray_loca
                            selection="threshold", threshold=0.3, n_bound=8, gateway=False, receipts="expose",
                            calibration="global", epsilon_budget=math.inf, total_epsilon_budget=math.inf,
                            support_budget_bits=math.inf, total_support_budget_bits=math.inf)
+    import dataclasses
+
+    import ray
+
     q = sample_queries(r.build(), 4, np.random.default_rng(6))
     out = []
-    for data in (r, r.build()):
+    # the recipe itself; ShardData built by it (carries the recipe: hosts still generate);
+    # the same records without the recipe (sent from the driver)
+    for data, generated in ((r, True), (r.build(), True), (dataclasses.replace(r.build(), recipe=None), False)):
         with Federation(cfg, data, accountant=Accountant(), rng=np.random.default_rng(9)) as f:
+            assert [x["generated"] for x in ray.get([h.info.remote() for h in f.hosts])] == [generated] * 3
             rs = f.retrieve_many(q)
             truth = f.ground_truth_many(q)
             out.append(([x.receipts.tolist() for x in rs], [x.value.tolist() for x in rs],
                         [t.sum.tolist() for t in truth]))
-    assert out[0] == out[1]
+    assert out[0] == out[1] == out[2]
+
+
+def test_scenario_data_generated_at_hosts_is_deterministic_and_neighbours_drop_the_recipe():
+    import dataclasses
+
+    from fedmem.bench.shards import ShardRecipe, clustered_data, with_record, without_record
+
+    kw = dict(clusters=4, spread=0.3)
+    a = clustered_data(7, 5, 8, 4, 1.0, np.random.default_rng(3), at_hosts=True, **kw)
+    b = clustered_data(7, 5, 8, 4, 1.0, np.random.default_rng(3), at_hosts=True, **kw)
+    assert isinstance(a.recipe, ShardRecipe) and a.recipe == b.recipe
+    ref = a.recipe.build()     # what the hosts generate, shard by shard
+    for x, y in ((a, ref), (a, b)):
+        for i in range(7):
+            np.testing.assert_array_equal(x.keys[i], y.keys[i])
+            np.testing.assert_array_equal(x.values[i], y.values[i])
+    assert (a.recipe.clusters, a.recipe.spread, a.recipe.clip) == (4, 0.3, 1.0)
+    plain = clustered_data(7, 5, 8, 4, 1.0, np.random.default_rng(3), **kw)
+    assert plain.recipe is None
+    assert not np.array_equal(plain.keys[0], a.keys[0])     # a different random stream (documented)
+    # a modified neighbour must be sent by the driver: hosts regenerating it would hide the change
+    assert with_record(a, 2, np.ones(8), np.zeros(4)).recipe is None
+    assert without_record(a, 2, 0).recipe is None
+    with pytest.raises(ValueError, match="recipe must describe"):
+        dataclasses.replace(plain, recipe=ShardRecipe(shards=6, records_per_shard=5, key_dim=8, value_dim=4, seed=1))
+    with pytest.raises(TypeError, match="recipe must be a ShardRecipe"):
+        dataclasses.replace(plain, recipe="seed 3")
+    with pytest.raises(TypeError, match="at_hosts"):
+        clustered_data(7, 5, 8, 4, 1.0, np.random.default_rng(3), at_hosts="yes")

@@ -54,6 +54,11 @@ class ShardData:
     clip: float = 1.0
     topics: list | None = None
     value_centers: np.ndarray | None = field(default=None, repr=False)
+    recipe: object | None = field(default=None, repr=False, compare=False)
+    """The :class:`ShardRecipe` these shards were built from (``ShardRecipe.build()``), or None.
+    A :class:`~fedmem.federation.engine.Federation` given data with a recipe lets every
+    host generate its own shards from it (no record leaves the driver); the modified
+    neighbours of :func:`with_record` / :func:`without_record` carry no recipe."""
 
     def __post_init__(self):
         V.positive("clip", self.clip)
@@ -69,6 +74,14 @@ class ShardData:
                 raise ValueError(f"shard {i} must hold keys (n, {kd}) and values (n, {vd}). Found {k.shape}, {v.shape}.")
         if self.texts is not None and [len(t) for t in self.texts] != self.sizes.tolist():
             raise ValueError("texts must hold one string per record of every shard.")
+        if self.recipe is not None:
+            r = self.recipe
+            if not getattr(r, "generated_at_hosts", False):
+                raise TypeError(f"recipe must be a ShardRecipe. Found {type(r).__name__}.")
+            if (r.shards, r.key_dim, r.value_dim) != (self.n_shards, self.key_dim, self.value_dim) or \
+                    not np.array_equal(r.sizes, self.sizes):
+                raise ValueError(f"recipe must describe these shards ({self.n_shards} shards, key_dim {self.key_dim}, "
+                                 f"value_dim {self.value_dim}). Found {r!r}.")
 
     @property
     def n_shards(self) -> int:
@@ -302,7 +315,7 @@ class ShardRecipe:
         lay = self.layout()
         got = [self.shard(i, lay) for i in range(self.shards)]
         return ShardData(keys=[g[0] for g in got], values=[g[1] for g in got], centers=lay[0], clip=self.clip,
-                         topics=[g[2] for g in got], value_centers=lay[1])
+                         topics=[g[2] for g in got], value_centers=lay[1], recipe=self)
 
     # what the engine and sample_queries(kind="cluster") read; public by construction
     @property
@@ -316,3 +329,21 @@ class ShardRecipe:
     @property
     def centers(self) -> np.ndarray:
         return self.layout()[0]
+
+
+def clustered_data(shards: int, records_per_shard: int, key_dim: int, value_dim: int, clip: float,
+                   rng: np.random.Generator, *, clusters: int = 12, spread: float = 0.35,
+                   at_hosts: bool = False) -> ShardData:
+    """The scenario's clustered shards: :func:`make_clustered_shards`, or with ``at_hosts``
+    a :class:`ShardRecipe` (seed drawn from ``rng``) built here for evaluation and carried
+    in ``ShardData.recipe``, so that a Federation's hosts generate the identical shards
+    themselves (scenario key ``federation.generate_at_hosts``). The two are different
+    random streams: switching changes the data, not its distribution."""
+    if not isinstance(at_hosts, bool):
+        raise TypeError(f"at_hosts must be a bool. Found {at_hosts!r}.")
+    if not at_hosts:
+        return make_clustered_shards(shards, records_per_shard, key_dim, value_dim, clip, rng, clusters=clusters,
+                                     spread=spread)
+    V.rng_check("rng", rng)
+    return ShardRecipe(shards=shards, records_per_shard=records_per_shard, key_dim=key_dim, value_dim=value_dim,
+                       seed=int(rng.integers(0, 2**63)), clip=clip, clusters=clusters, spread=spread).build()

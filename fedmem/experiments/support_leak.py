@@ -58,6 +58,9 @@ SCHEMA = {
     "data": {
         "clusters": Param(int, 12, "topic clusters (rare topics on few shards, common on all)", check=positive),
         "spread": Param(float, 0.35, "spread of keys around their topic centre", check=positive),
+        "generate_at_hosts": Param(bool, False, "every shard host generates its own shards from a seeded recipe "
+                                   "(fedmem.bench.shards.ShardRecipe): no record crosses from the driver to the hosts; "
+                                   "a different random stream than false (docs/cluster.md)"),
     },
     "attack": {
         "attacks": Param(list, list(ATTACKS), "attacks to run", item_type=str,

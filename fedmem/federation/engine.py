@@ -149,6 +149,8 @@ class Federation:
             if want != got:
                 raise ValueError(f"data must match config.{name}={want}. Found {got!r}.")
         self.config, self.data, self.accountant, self.rng = config, data, accountant, rng
+        # a ShardRecipe, or ShardData built by one (ShardData.recipe): the hosts generate their own shards
+        self.recipe = data if getattr(data, "generated_at_hosts", False) else getattr(data, "recipe", None)
         self.audit: list[AuditRecord] = []
         self.fault_details: list[str] = []     # operator-only details of plan-mismatch faults
         self._closed = False
@@ -225,8 +227,9 @@ class Federation:
         cls = host_actor_class().options(scheduling_strategy=self._host_placement(h))
         kw = dict(clip=self.config.clip, k_local=self.config.k_local, n_parties=self.config.parties,
                   seed=int(self._seed_rng.integers(0, 2**63)))
-        if getattr(self.data, "generated_at_hosts", False):   # a ShardRecipe: each host generates its shards
-            return cls.remote(ids, None, None, recipe=self.data, **kw)
+        recipe = self.recipe
+        if recipe is not None:   # each host generates its own shards: no record leaves the driver
+            return cls.remote(ids, None, None, recipe=recipe, **kw)
         return cls.remote(ids, [self.data.keys[i] for i in ids], [self.data.values[i] for i in ids], **kw)
 
     def _start_hosts(self):

@@ -21,26 +21,28 @@ Two implementations with identical semantics:
   (rendezvous at rank 0's node IP; docs/cluster.md). Each actor fetches and receives
   only its own shares and wraps them with ``MPCTensor.from_shares``.
 
-Secure top-k. With effective scores ``e_j = valid_j * (score_j + F)`` (F =
-``MASK_FILL``, so invalid rows sit below every valid one), candidate ``u`` beats ``t``
-iff ``e_u > e_t`` or (``e_u = e_t`` and ``u < t``). Three methods, same output
-(``impl=``; ``"auto"`` picks by :func:`choose_impl` from public shapes only):
+Secure top-k. With effective scores ``e_j = score_j + FILL * valid_j`` (linear in the
+shares; every valid row above every invalid one, see :data:`FILL`), candidate ``u``
+beats ``t`` iff ``e_u > e_t`` or (``e_u = e_t`` and ``u < t``). Three methods, same
+output (``impl=``; ``"auto"`` picks by :func:`choose_impl` from public shapes only); all
+run on the raw shares through :mod:`fedmem.federation.mpc_rounds` (CrypTen's
+communicator and triple provider, independent steps fused into shared rounds):
 
-* ``rank`` (constant rounds): for all ``N(N-1)/2`` pairs ``i < j`` at once, one
-  vectorised secure comparison gives ``l_ij = [e_i < e_j]`` (CrypTen's sign-bit
-  ``_ltz`` of the difference). The rank of ``t`` (number of candidates that beat it) is
-  *linear* in the ``l``'s, ``rank_t = t + sum_{j > t} l_tj - sum_{i < t} l_it``, so each
-  party computes its share locally; ``mask_t = [rank_t < k] * valid_t`` is one more
-  comparison and one multiplication: 20 rounds whatever ``k`` and ``N``.
-* ``grouped`` (constant rounds, :func:`_grouped_topk`): the same rank inside groups of
+* ``rank`` (:func:`_rank_gen`, constant rounds): for all ``N(N-1)/2`` pairs ``i < j`` at
+  once, one vectorised secure comparison gives ``l_ij = [e_i < e_j]``. The rank of ``t``
+  (number of candidates that beat it) is *linear* in the ``l``'s,
+  ``rank_t = t + sum_{j > t} l_tj - sum_{i < t} l_it``, so each party computes its share
+  locally; ``mask_t = [rank_t < k] * valid_t`` is one small-range comparison with the
+  product fused into its last round: 15 rounds (2 parties) whatever ``k`` and ``N``.
+* ``grouped`` (:func:`_grouped_gen`, constant rounds): the same rank inside groups of
   shards, a secret one-hot compaction of each group's top-k, and a second rank over the
-  survivors: 4 comparison layers, ~4x fewer comparisons than ``rank`` for 40 x 5.
-* ``merge`` (:func:`_merge_topk`): sorted shard lists merged pairwise in a tree of
+  survivors: 4 comparison layers (28 rounds), ~4x fewer comparisons than ``rank`` for 40 x 5.
+* ``merge`` (:func:`_merge_gen`): sorted shard lists merged pairwise in a tree of
   bitonic top-K merges: O(N log^2 k) comparisons, O(log S log k) rounds; best for large
   batches and many shards.
 
 The naive approach (``k`` sequential log-depth CrypTen argmaxes) is kept as
-``impl="argmax"`` for the benchmark. Every selection mask is an integer (scale-1)
+``impl="argmax"`` for the benchmark (on CrypTen's ``MPCTensor``). Every selection mask is an integer (scale-1)
 sharing and ``valid`` is shared at scale 1, so ``mask * values`` needs no fixed-point
 truncation: the revealed sum is the exact ring sum of the encoded selected values,
 bit-identical to :class:`PlaintextParties`.
@@ -65,7 +67,8 @@ import numpy as np
 from fedmem import _validate as V
 from fedmem.errors import MpcFailure
 from fedmem.federation.sharing import (
-    FRAC_BITS, MASK_FILL, REVEALABLE, Revealed, SelectionSpec, SharePacket, decode, encode, reconstruct,
+    FRAC_BITS, MASK_FILL, REVEALABLE, SCORE_BOUND, Revealed, SelectionSpec, SharePacket, decode, encode,
+    reconstruct,
 )
 
 PROVIDERS = ("TFP", "TTP")
@@ -100,6 +103,9 @@ def assemble(packets: Sequence[SharePacket]):
         raise ValueError(f"shard_ids must be distinct across shard hosts. Found duplicates in {ids.tolist()!r}.")
     order = np.argsort(ids, kind="stable")
     S = len(ids)
+    if len(packets) == 1 and np.array_equal(order, np.arange(S)):   # one host, ids in order: views, no copy
+        p = packets[0]
+        return (p.scores.reshape(B, S * m), p.values.reshape(B, S * m, d), p.valid.reshape(B, S * m), ids, m)
     scores = np.concatenate([p.scores for p in packets], axis=1)[:, order].reshape(B, S * m)
     valid = np.concatenate([p.valid for p in packets], axis=1)[:, order].reshape(B, S * m)
     values = np.concatenate([p.values for p in packets], axis=1)[:, order].reshape(B, S * m, d)
@@ -194,7 +200,6 @@ class PlaintextParties:
         parts = [assemble(p) for p in per]
         ids, m = parts[0][3], parts[0][4]
         scores = reconstruct([p[0] for p in parts])
-        values = reconstruct([p[1] for p in parts])
         valid = reconstruct([p[2] for p in parts])
         if not np.all((valid == 0) | (valid == 1)):
             raise MpcFailure("valid flags reconstruct to values other than 0/1: inconsistent shares.")
@@ -202,8 +207,13 @@ class PlaintextParties:
         B, N = mask.shape
         out = {}
         if "sum" in spec.reveal:
+            # ring sum of the selected values = sum over parties of the selected share rows (mod 2^64):
+            # no party's values are reconstructed, and no (B, N, d) temporary is built
+            ring = np.zeros((B, parts[0][1].shape[2]), dtype=np.int64)
+            b_idx, n_idx = np.nonzero(mask)
             with np.errstate(over="ignore"):
-                ring = np.where(mask[..., None], values, 0).sum(axis=1, dtype=np.int64)
+                for p in parts:
+                    np.add.at(ring, b_idx, p[1][b_idx, n_idx])
             out["sum"] = decode(ring)
         if "count" in spec.reveal:
             out["count"] = mask.sum(axis=1).astype(np.int64)
@@ -225,67 +235,121 @@ class PlaintextParties:
 
 # ----------------------------------------------------------------------------- secure program
 
+SUM_BLOCK = 1 << 23
+"""Most value elements (B x candidates x d) in one Beaver product of the secure sum (64 MB
+of int64); beyond it the sum runs in blocks of candidates, one round per block."""
+
+FILL = int(encode(MASK_FILL)) + 1
+"""Added to a valid row's encoded score: ``e = score + FILL * valid`` (linear, no
+multiplication) puts every valid row (>= FILL - 2^36 > 2^36) above every invalid row
+(|score| <= 2^36 encoded, ``SCORE_BOUND``), preserving the order and ties among valid rows."""
+
+
 def _secure_program(scores, values, valid, m: int, spec: SelectionSpec, rank: int, impl: str = "auto",
                     shards_sorted: bool = False):
     """Run inside ONE CrypTen party on that party's shares; returns the opened outputs.
 
-    Every party executes exactly this code on its own shares (SPMD). Linear steps act
-    on the local share tensors directly (public constants are added by party 0 only);
-    comparisons and products go through CrypTen's protocols.
+    Every party executes exactly this code on its own shares (SPMD). Linear steps act on
+    the local share tensors directly (public constants are added by party 0 only);
+    comparisons and products run through :mod:`fedmem.federation.mpc_rounds` (CrypTen's
+    communicator and triple provider, fused rounds), except the naive baseline
+    (``impl="argmax"``), which runs on CrypTen's ``MPCTensor`` as a user would write it.
     """
     import torch
 
+    from fedmem.federation import mpc_rounds as MR
+
+    B, N = scores.shape
+    S = N // m
+    first = rank == 0
+
+    def t(a):
+        a = np.ascontiguousarray(a)
+        if not a.flags.writeable:   # zero-copy from the object store: read-only, and never written here
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.from_numpy(a)
+        return torch.from_numpy(a)
+
+    if spec.mode == "topk" and impl == "argmax" and N > spec.k:
+        return _naive_program(t(scores), t(values), t(valid), m, spec, rank)
+    R = MR.Rounds()
+    val = t(valid)   # raw 0/1 shares, scale 1
+    if spec.mode == "broadcast":
+        mask = val
+    elif spec.mode == "threshold":
+        d = t(scores).clone()
+        if first:
+            d -= int(encode(spec.threshold))
+        # |score - threshold| <= 2 * 2^36 (SCORE_BOUND): 38 bits
+        _, below_val = R.drive(R.ltz(d, MR.bits_for(2 * int(encode(SCORE_BOUND))), [(val, 0)]))
+        mask = val - below_val    # valid and not below the threshold
+    else:
+        e = t(scores) + FILL * val
+        if impl == "auto":
+            impl = choose_impl(B, S, m, spec.k)
+        if N <= spec.k:
+            mask = val
+        elif impl == "merge":
+            mask = R.drive(_merge_gen(R, e, val, m, spec.k, first, shards_sorted))
+        elif impl == "grouped" and grouped_plan(S, m, spec.k) is not None:
+            mask = R.drive(_grouped_gen(R, e, val, m, spec.k, first, grouped_plan(S, m, spec.k)))
+        else:
+            mask = R.drive(_rank_gen(R, e, val, spec.k, first))
+    return _open_outputs(R, mask, t(values) if "sum" in spec.reveal else None, B, S, m, spec)
+
+
+def _open_outputs(R, mask, vals, B: int, S: int, m: int, spec: SelectionSpec) -> dict:
+    """Secure sum (one matmul round), count and tallies (linear), opened in one round."""
+    from fedmem.federation.mpc_rounds import mul
+
+    opened, names = [], []
+    if "sum" in spec.reveal:
+        # scale 1 x scale 2^16: the exact ring sum of the selected encoded values. Large inputs
+        # go in blocks of candidates, one round each (a public function of the shapes), so that
+        # the Beaver triple and the opened masks never hold more than SUM_BLOCK elements.
+        N, d = vals.shape[1], vals.shape[2]
+        step = max(1, SUM_BLOCK // max(1, B * d))
+        total = None
+        for lo in range(0, N, step):
+            part = R.drive(mul("matmul", mask[:, None, lo:lo + step], vals[:, lo:lo + step])).squeeze(1)
+            total = part if total is None else total + part
+        opened.append(total)
+        names.append("sum")
+    if "count" in spec.reveal:
+        opened.append(mask.sum(1))
+        names.append("count")
+    if "tallies" in spec.reveal:
+        opened.append(mask.view(B, S, m).sum(2))
+        names.append("tallies")
+    out = {}
+    if opened:
+        plain = R.round([("open", x) for x in opened])
+        for name, x in zip(names, plain):
+            arr = x.numpy().astype(np.int64)
+            out[name] = decode(arr) if name == "sum" else arr
+    return out
+
+
+def _naive_program(scores, values, valid, m: int, spec: SelectionSpec, rank: int) -> dict:
+    """The naive baseline on CrypTen's ``MPCTensor``: ``k`` sequential argmaxes."""
     from fedmem._crypten import MPCTensor
     from crypten.mpc.primitives import ArithmeticSharedTensor
 
     B, N = scores.shape
     S = N // m
-    t = torch.from_numpy
-    val = MPCTensor.from_shares(t(np.ascontiguousarray(valid)), precision=0)  # raw 0/1, scale 1
-
-    if spec.mode == "broadcast":
-        mask = val
-    elif spec.mode == "threshold":
-        d = t(np.ascontiguousarray(scores)).clone()
-        if rank == 0:
-            d -= int(encode(spec.threshold))
-        below = MPCTensor.from_shares(d, precision=FRAC_BITS)._ltz()  # [score < threshold], scale 1
-        mask = val - below * val
-    else:
-        shifted = t(np.ascontiguousarray(scores)).clone()
-        if rank == 0:
-            shifted += int(encode(MASK_FILL))
-        # e = valid * (score + F): scale-1 times scale-2^16 needs no truncation (exact).
-        eff = val * MPCTensor.from_shares(shifted, precision=FRAC_BITS)
-        if impl == "auto":
-            impl = choose_impl(B, S, m, spec.k)
-        if N <= spec.k:
-            mask = val
-        elif impl == "argmax":
-            mask = _naive_topk(eff, val, spec.k)
-        elif impl == "merge":
-            sel = _merge_topk(eff.share, m, spec.k, rank, shards_sorted)
-            mask = MPCTensor.from_shares(sel, precision=0) * val
-        elif impl == "grouped" and grouped_plan(S, m, spec.k) is not None:
-            sel = _grouped_topk(eff.share, m, spec.k, rank, grouped_plan(S, m, spec.k))
-            mask = MPCTensor.from_shares(sel, precision=0) * val
-        else:
-            e = eff.share
-            I, J = torch.triu_indices(N, N, offset=1)
-            lt = MPCTensor.from_shares(e[:, I] - e[:, J], precision=FRAC_BITS)._ltz()  # l_ij = [e_i < e_j]
-            ls = lt.share
-            r = torch.zeros((B, N), dtype=torch.long)
-            r.index_add_(1, I, ls)
-            r.index_add_(1, J, ls, alpha=-1)
-            if rank == 0:
-                r += torch.arange(N, dtype=torch.long) - spec.k
-            sel = MPCTensor.from_shares(r, precision=0)._ltz()  # [rank_t - k < 0]
-            mask = sel * val
-
+    val = MPCTensor.from_shares(valid, precision=0)
+    shifted = scores.clone()
+    if rank == 0:
+        shifted += int(encode(MASK_FILL))
+    eff = val * MPCTensor.from_shares(shifted, precision=FRAC_BITS)   # valid * (score + F)
+    mask = _naive_topk(eff, val, spec.k)
     opened, names = [], []
     if "sum" in spec.reveal:
-        vals = MPCTensor.from_shares(t(np.ascontiguousarray(values)), precision=FRAC_BITS)
-        opened.append(mask.unsqueeze(1).matmul(vals).squeeze(1))  # scale 1 x scale 2^16: exact
+        vals = MPCTensor.from_shares(values, precision=FRAC_BITS)
+        opened.append(mask.unsqueeze(1).matmul(vals).squeeze(1))
         names.append("sum")
     if "count" in spec.reveal:
         opened.append(mask.sum(1))
@@ -304,32 +368,160 @@ def _secure_program(scores, values, valid, m: int, spec: SelectionSpec, rank: in
     return out
 
 
-def _ltz_share(x):
-    """Shares of [x < 0] (scale 1) from shares of integer-valued x (one CrypTen comparison)."""
-    from fedmem._crypten import MPCTensor
+def _composite_keys(e, first: bool):
+    """``e'_j = N e_j + (N - 1 - j)``: distinct keys ordered exactly like the tie-break."""
+    import torch
 
-    return MPCTensor.from_shares(x, precision=0)._ltz().share
-
-
-def _mul_share(a, b):
-    """Shares of a * b for scale-1 sharings a, b (one Beaver multiplication, no truncation)."""
-    from fedmem._crypten import MPCTensor
-
-    return (MPCTensor.from_shares(a, precision=0) * MPCTensor.from_shares(b, precision=0)).share
+    N = e.shape[1]
+    key = e * N
+    if first:
+        key = key + (N - 1 - torch.arange(N, dtype=torch.long))
+    return key
 
 
-def _compare_exchange(x, lo, hi):
-    """One layer of a sorting network on the last axis of the shared tensor ``x``.
+def _ranks(ls, I, J, n: int, shape, first: bool):
+    """Shares of each element's rank from the pairwise bits ``ls = [x_i < x_j]`` (linear, local)."""
+    import torch
 
-    For every comparator (lo[c], hi[c]) at once, afterwards x[lo] >= x[hi]. One secure
-    comparison and one multiplication per comparator; the swap bit stays shared.
+    r = torch.zeros(shape, dtype=torch.long)
+    r.index_add_(len(shape) - 1, I, ls)
+    r.index_add_(len(shape) - 1, J, ls, alpha=-1)
+    if first:
+        r += torch.arange(n, dtype=torch.long)   # rank_t = t + sum_{j>t} l_tj - sum_{i<t} l_it
+    return r
+
+
+def _rank_gen(R, e, val, k: int, first: bool):
+    """``rank``: all N(N-1)/2 pairs in one comparison, then [rank < k] fused with ``* valid``.
+
+    ``u`` beats ``t`` iff e_u > e_t or (e_u = e_t and u < t); the rank (number of
+    candidates that beat ``t``) is linear in the pair bits. 15 rounds with 2 parties."""
+    import torch
+
+    from fedmem.federation.mpc_rounds import bits_for
+
+    B, N = e.shape
+    I, J = torch.triu_indices(N, N, offset=1)
+    (ls,) = yield from R.ltz(e[:, I] - e[:, J])   # l_ij = [e_i < e_j]: j beats i
+    r = _ranks(ls, I, J, N, (B, N), first)
+    if first:
+        r -= k
+    _, mask = yield from R.ltz(r, bits_for(max(N, k)), [(val, 0)])   # [rank - k < 0] * valid
+    return mask
+
+
+def _grouped_gen(R, e, val, m: int, k: int, first: bool, G: int):
+    """``grouped``: two constant-round levels (4 comparisons, 26 rounds with 2 parties).
+
+    1. composite distinct keys (:func:`_composite_keys`), groups of ``G`` shards
+       (``g = G m`` candidates; the last group padded with key -1 and validity 0);
+    2. level 1: all-pairs rank ``r`` inside each group;
+    3. compaction: ``P[i, t] = [r_t < i+1] - [r_t < i]`` (one-hot of the in-group rank,
+       i < k); the comparison's last round also yields ``[r_t < i+1] * key_t`` and
+       ``[r_t < i+1] * valid_t``, so the group's top-k keys ``z = P @ keys`` and
+       ``P * valid`` are linear afterwards. Every global top-k candidate is in its
+       group's top-k;
+    4. level 2: all-pairs rank of the ``ng k`` survivors, ``s = [rank_2 < k]`` fused with
+       ``s * (P * valid)``, summed over ``i``: the mask.
     """
+    import torch
+
+    from fedmem.federation.mpc_rounds import bits_for
+
+    B, N = e.shape
+    S = N // m
+    g, ng = G * m, -(-S // G)
+    n2 = ng * k
+    x = torch.full((B, ng * g), -1 if first else 0, dtype=torch.long)
+    x[:, :N] = _composite_keys(e, first)
+    x = x.view(B, ng, g)
+    vp = torch.zeros((B, ng * g), dtype=torch.long)
+    vp[:, :N] = val
+    vp = vp.view(B, ng, g)
+    I, J = torch.triu_indices(g, g, offset=1)
+    (ls,) = yield from R.ltz(x[..., I] - x[..., J])
+    r = _ranks(ls, I, J, g, (B, ng, g), first)
+    steps = r.unsqueeze(2).expand(B, ng, k, g).clone()
+    if first:
+        steps -= torch.arange(1, k + 1, dtype=torch.long).view(1, 1, k, 1)
+    _, bx, bv = yield from R.ltz(steps, bits_for(max(g, k)), [(x.unsqueeze(2), 0), (vp.unsqueeze(2), 0)])
+    bx[:, :, 1:] -= bx[:, :, :-1].clone()   # P * key, P * valid (P linear in the bits)
+    bv[:, :, 1:] -= bv[:, :, :-1].clone()
+    z = bx.sum(-1).reshape(B, n2)           # P @ keys: the groups' top-k keys
+    I2, J2 = torch.triu_indices(n2, n2, offset=1)
+    (ls2,) = yield from R.ltz(z[:, I2] - z[:, J2])
+    r2 = _ranks(ls2, I2, J2, n2, (B, n2), first)
+    if first:
+        r2 -= k
+    _, spv = yield from R.ltz(r2, bits_for(max(n2, k)), [(bv.reshape(B, n2, g), 1)])
+    return spv.view(B, ng, k, g).sum(2).reshape(B, ng * g)[:, :N].contiguous()
+
+
+def _ce_gen(R, x, lo, hi):
+    """One layer of a sorting network on the last axis: afterwards x[lo] >= x[hi] (8 rounds)."""
     a, b = x[..., lo], x[..., hi]
-    delta = _mul_share(_ltz_share(a - b), b - a)  # [a < b] * (b - a)
+    _, delta = yield from R.ltz(a - b, ys=[(b - a, 0)])   # [a < b] * (b - a), fused
     out = x.clone()
     out[..., lo] = a + delta
     out[..., hi] = b - delta
     return out
+
+
+def _merge_gen(R, e, val, m: int, k: int, first: bool, shards_sorted: bool = False):
+    """Secure top-k by a tree of top-K merges of sorted lists (K = next power of two >= k).
+
+    ``e`` (B, N) are shares of the effective scores. All on shares:
+
+    1. composite keys ``e'_j = N * e_j + (N - 1 - j)``: distinct and ordered exactly
+       like the documented tie-break (higher score, then lower flat index);
+    2. each shard's m keys are sorted descending by Batcher's odd-even merge sort
+       (comparators touching the padding or feeding only positions >= k are pruned) and
+       cut to the top k, padded with the key -1 to length K (with ``shards_sorted`` the
+       hosts' order is trusted and this sort is skipped);
+    3. pairs of sorted lists are merged keeping the top K: ``c_i = max(a_i, b_{K-1-i})``
+       is bitonic and holds the top K of the union (only ``K-k <= i < k`` needs a
+       comparison, the rest face padding), then pruned half-cleaner layers sort it;
+       level by level until one list remains (an odd list passes through);
+    4. ``tau`` = element k-1 of that list (the k-th largest key) and the selection is
+       ``[e'_j >= tau] * valid`` (fused into the last comparison's final round).
+
+    Valid keys are positive and above the padding (-1); invalid keys may sit below it,
+    which can only reorder entries below every valid key (0/1 principle with the
+    threshold at any valid key), and the final ``* valid`` removes them. About
+    N(log^2 m + log^2 K)/2 comparisons, O(log^2 m + log S log K) rounds.
+    """
+    import torch
+
+    B, N = e.shape
+    S = N // m
+    K, M, sort_layers, mix, clean_layers = merge_network(m, k)
+    key = _composite_keys(e, first)
+    pad = -1 if first else 0
+    x = torch.full((B, S, M), pad, dtype=torch.long)
+    x[:, :, :m] = key.view(B, S, m)
+    if not shards_sorted:
+        for layer in sort_layers:
+            x = yield from _ce_gen(R, x, [c[0] for c in layer], [c[1] for c in layer])
+    lists = torch.full((B, S, K), pad, dtype=torch.long)
+    top = min(k, m)
+    lists[:, :, :top] = x[:, :, :top]
+    del x
+    while lists.shape[1] > 1:
+        L = lists.shape[1]
+        p = L // 2
+        a, b = lists[:, 0:2 * p:2], lists[:, 1:2 * p:2].flip(-1)
+        c = torch.where(torch.arange(K) < K - k, a, b)  # the max is known where one side is padding
+        if mix:
+            am, bm = a[..., mix], b[..., mix]
+            _, delta = yield from R.ltz(am - bm, ys=[(bm - am, 0)])
+            c[..., mix] = am + delta                     # max(a_i, b_{K-1-i})
+        for layer in clean_layers:
+            c = yield from _ce_gen(R, c, [q[0] for q in layer], [q[1] for q in layer])
+        c[..., k:] = pad
+        lists = torch.cat([c, lists[:, 2 * p:]], dim=1) if L % 2 else c
+    tau = lists[:, 0, k - 1]
+    _, below = yield from R.ltz(key - tau[:, None], ys=[(val, 0)])   # [e'_j < tau] * valid
+    return val - below
 
 
 def _oddeven_layers(n: int):
@@ -368,13 +560,6 @@ def _prune(layers, needed: int, pad_from: int | None = None):
     return [layer for layer in reversed(kept) if layer]
 
 
-def _apply(x, layers):
-    for layer in layers:
-        lo, hi = [c[0] for c in layer], [c[1] for c in layer]
-        x = _compare_exchange(x, lo, hi)
-    return x
-
-
 def merge_network(m: int, k: int):
     """Public comparator schedule of the merge-tree top-k (see :func:`_merge_topk`).
 
@@ -392,61 +577,6 @@ def merge_network(m: int, k: int):
         cleaners.append([(i, i + st) for i in range(K) if (i // st) % 2 == 0])
         st //= 2
     return K, M, sort_layers, mix, _prune(cleaners, needed=k)
-
-
-def _merge_topk(e, m: int, k: int, rank: int, shards_sorted: bool = False):
-    """Secure top-k by a tree of top-K merges of sorted lists (K = next power of two >= k).
-
-    ``e`` (B, N) are shares of the effective scores (scale 2^16, >= 0). All on shares:
-
-    1. composite keys ``e'_j = N * e_j + (N - 1 - j)``: distinct and ordered exactly
-       like the documented tie-break (higher score, then lower flat index);
-    2. each shard's m keys are sorted descending by Batcher's odd-even merge sort
-       (comparators touching the padding or feeding only positions >= k are pruned) and
-       cut to the top k, padded with the key -1 (below every real key) to length K
-       (with ``shards_sorted`` the hosts' order is trusted and this sort is skipped);
-    3. pairs of sorted lists are merged keeping the top K: ``c_i = max(a_i, b_{K-1-i})``
-       is bitonic and holds the top K of the union (only ``K-k <= i < k`` needs a
-       comparison, the rest face padding), then pruned half-cleaner layers sort it;
-       level by level until one list remains (an odd list passes through);
-    4. ``tau`` = element k-1 of that list (the k-th largest key) and the selection is
-       ``[e'_j >= tau]``: exactly the k candidates the rank method selects.
-
-    About N(log^2 m + log^2 K)/2 comparisons instead of N^2/2, for
-    O(log^2 m + log S log K) rounds. Returns shares (B, N) of the 0/1 selection.
-    """
-    import torch
-
-    B, N = e.shape
-    S = N // m
-    K, M, sort_layers, mix, clean_layers = merge_network(m, k)
-    key = e * N
-    if rank == 0:
-        key = key + (N - 1 - torch.arange(N, dtype=torch.long))
-    pad = -1 if rank == 0 else 0
-    x = torch.full((B, S, M), pad, dtype=torch.long)
-    x[:, :, :m] = key.view(B, S, m)
-    if not shards_sorted:
-        x = _apply(x, sort_layers)
-    lists = torch.full((B, S, K), pad, dtype=torch.long)
-    top = min(k, m)
-    lists[:, :, :top] = x[:, :, :top]
-    while lists.shape[1] > 1:
-        L = lists.shape[1]
-        p = L // 2
-        a, b = lists[:, 0:2 * p:2], lists[:, 1:2 * p:2].flip(-1)
-        c = torch.where(torch.arange(K) < K - k, a, b)  # the max is known where one side is padding
-        if mix:
-            am, bm = a[..., mix], b[..., mix]
-            c[..., mix] = am + _mul_share(_ltz_share(am - bm), bm - am)  # max(a_i, b_{K-1-i})
-        c = _apply(c, clean_layers)
-        c[..., k:] = pad
-        lists = torch.cat([c, lists[:, 2 * p:]], dim=1) if L % 2 else c
-    tau = lists[:, 0, k - 1]
-    sel = -_ltz_share(key - tau[:, None])  # 1 - [e'_j < tau]
-    if rank == 0:
-        sel = sel + 1
-    return sel
 
 
 def grouped_plan(S: int, m: int, k: int):
@@ -488,71 +618,6 @@ def _grouped_plan_cost(S: int, m: int, k: int):
     return best, best_cost
 
 
-def _pair_ranks(x, rank: int):
-    """Shares of each element's rank on the last axis (number of elements that beat it).
-
-    ``u`` beats ``t`` iff x_u > x_t, or x_u = x_t and u < t. One vectorised comparison of
-    all pairs; the rank is linear in the comparison bits, so it is computed locally.
-    """
-    import torch
-
-    n = x.shape[-1]
-    I, J = torch.triu_indices(n, n, offset=1)
-    ls = _ltz_share(x[..., I] - x[..., J])  # l_ij = [x_i < x_j]: j beats i
-    r = torch.zeros(x.shape, dtype=torch.long)
-    r.index_add_(x.dim() - 1, I, ls)
-    r.index_add_(x.dim() - 1, J, ls, alpha=-1)
-    if rank == 0:
-        r += torch.arange(n, dtype=torch.long)  # rank_t = t + sum_{j>t} l_tj - sum_{i<t} l_it
-    return r
-
-
-def _grouped_topk(e, m: int, k: int, rank: int, G: int):
-    """Secure top-k in two constant-round levels (4 comparison layers, 2 multiplications).
-
-    1. composite distinct keys ``e'_j = N e_j + (N-1-j)`` (as in :func:`_merge_topk`);
-       candidates split into groups of ``G`` shards (``g = G m`` candidates; the last
-       group is padded with key -1);
-    2. level 1: all-pairs rank ``r`` inside each group;
-    3. compaction: ``P[i, t] = [r_t < i+1] - [r_t < i]`` (one-hot of the in-group rank, for
-       i < k) and the group's top-k keys ``z = P @ keys`` (a secret matrix product);
-       every candidate of the global top-k is in its group's top-k;
-    4. level 2: all-pairs rank of the ``ng k`` survivors, ``s = [rank_2 < k]``, mapped back
-       to the candidates by ``s @ P``.
-
-    About ``ng g^2/2 + N k + (ng k)^2/2`` comparisons (4,175 for 40 x 5 candidates and
-    k = 5, against 19,900 for one level). Returns shares (B, N) of the 0/1 selection.
-    """
-    import torch
-
-    from fedmem._crypten import MPCTensor
-
-    B, N = e.shape
-    S = N // m
-    g, ng = G * m, -(-S // G)
-    key = e * N
-    if rank == 0:
-        key = key + (N - 1 - torch.arange(N, dtype=torch.long))
-    x = torch.full((B, ng * g), -1 if rank == 0 else 0, dtype=torch.long)
-    x[:, :N] = key
-    x = x.view(B, ng, g)
-    r = _pair_ranks(x, rank)  # (B, ng, g)
-    steps = r.unsqueeze(2).expand(B, ng, k, g).clone()
-    if rank == 0:
-        steps -= torch.arange(1, k + 1, dtype=torch.long).view(1, 1, k, 1)
-    below = _ltz_share(steps)  # [r_t < i+1] for i = 0..k-1
-    P = below.clone()
-    P[:, :, 1:] -= below[:, :, :-1]  # one-hot rows: [r_t == i]
-    Pm = MPCTensor.from_shares(P, precision=0)
-    z = Pm.matmul(MPCTensor.from_shares(x.unsqueeze(-1), precision=0)).share.view(B, ng * k)
-    r2 = _pair_ranks(z, rank)
-    if rank == 0:
-        r2 = r2 - k
-    s2 = MPCTensor.from_shares(_ltz_share(r2).view(B, ng, 1, k), precision=0)
-    sel = s2.matmul(Pm).share.view(B, ng * g)
-    return sel[:, :N].contiguous()
-
-
 def _naive_topk(eff, val, k: int):
     """Baseline: ``k`` sequential CrypTen argmaxes (log-reduction), knocking out each winner.
 
@@ -573,11 +638,13 @@ class _CryptenParty:
 
     Start-up is two calls so that the rendezvous can live on any node: rank 0's
     :meth:`endpoint` picks a free port on its own node's IP; the driver hands that
-    address to every party's :meth:`init`. A query is two calls as well: :meth:`load`
-    fetches this party's packets (Ray ObjectRefs are resolved here, never in the driver)
-    and reports public metadata or a fetch error *before* any party enters a collective,
-    so a dead shard host fails the query without stranding a party inside the protocol;
-    :meth:`run` then executes the secure program on the loaded shares.
+    address to every party's :meth:`init`. A query is ONE call, :meth:`load_run`: it
+    fetches this party's packets (Ray ObjectRefs are resolved here, never in the driver;
+    the fetch is bounded by the timeout), then all parties exchange public metadata
+    (fetch failed?, shapes, a checksum of the shard ids) in one all-gather *before* the
+    protocol: a dead shard host fails the query on every party alike, none enters the
+    protocol and none is stranded inside it; otherwise :meth:`run` executes the secure
+    program on the loaded shares.
     """
 
     def __init__(self, rank: int, world_size: int, provider: str, threads: int):
@@ -636,6 +703,37 @@ class _CryptenParty:
             return {"error": str(exc)}
         self._loaded = (scores, values, valid, ids, m)
         return {"ids": ids, "shape": (scores.shape[0], scores.shape[1], values.shape[2], m)}
+
+    def load_run(self, packets, timeout_s, spec, impl="auto", shards_sorted=False):
+        """:meth:`load`, an agreement step, then :meth:`run`, in ONE actor call (one Ray round trip).
+
+        Agreement: every party contributes ``[fetch failed, B, N, d, m, crc32(shard ids)]``
+        to one all-gather (before the protocol's statistics start). Only when every party
+        fetched and all agree does any party enter the protocol; otherwise each returns the
+        same ``{"error": ...}`` and stays warm (no share was used)."""
+        import zlib
+
+        import torch
+
+        from fedmem._crypten import comm
+
+        meta = self.load(packets, timeout_s)
+        if "error" in meta:
+            mine = [1, 0, 0, 0, 0, 0]
+        else:
+            B, N, d, m = meta["shape"]
+            mine = [0, B, N, d, m, zlib.crc32(np.ascontiguousarray(meta["ids"], dtype=np.int64).tobytes())]
+        got = comm.get().all_gather(torch.tensor(mine, dtype=torch.long))
+        rows = [g.tolist() for g in got]
+        if any(r[0] for r in rows):
+            self._loaded = None
+            return {"error": meta.get("error") or "another party could not fetch its shares from the shard hosts "
+                                                  "(shares could not be fetched)"}
+        if any(r != rows[0] for r in rows[1:]):
+            self._loaded = None
+            return {"error": "parties received packets from different shards or of different shapes; no output "
+                             "was computed."}
+        return self.run(spec, impl, shards_sorted)
 
     def run(self, spec, impl="auto", shards_sorted=False):
         from fedmem._crypten import comm
@@ -877,8 +975,9 @@ class CryptenParties:
         ``packets[p]`` lists party p's packets, one per shard host, as ``SharePacket`` or as
         Ray ``ObjectRef`` to one (what fedmem's shard hosts hand out): refs are fetched
         inside party p's actor, straight from the host's node, so the driver never holds a
-        share. Phase 1 (``load``) fetches and checks that every party got the same shards;
-        only then does phase 2 enter the protocol.
+        share. Each party fetches, then the parties check among themselves that every one
+        got its shares and the same shards (an all-gather of public metadata); only then do
+        they enter the protocol (one actor call per party and query).
         """
         import ray
 
@@ -894,17 +993,14 @@ class CryptenParties:
         t0 = time.perf_counter()
         deadline = t0 + self.timeout_s
         try:
-            metas = ray.get([a.load.remote(per[r], self.timeout_s) for r, a in enumerate(self._actors)],
-                            timeout=self.timeout_s)
-            errors = [m["error"] for m in metas if "error" in m]
-            if errors:   # no party entered the protocol: fail closed, parties stay warm
-                raise MpcFailure(f"no output was computed: {errors[0]}")
-            if any(not np.array_equal(m["ids"], metas[0]["ids"]) or m["shape"] != metas[0]["shape"]
-                   for m in metas[1:]):
-                raise MpcFailure("parties received packets from different shards or of different shapes; "
-                                 "no output was computed.")
-            refs = [a.run.remote(spec, impl, self.shards_sorted) for a in self._actors]
+            # one call per party: fetch, agree (all fetched, same shards and shapes), then the protocol
+            refs = [a.load_run.remote(per[r], self.timeout_s, spec, impl, self.shards_sorted)
+                    for r, a in enumerate(self._actors)]
             outs = ray.get(refs, timeout=max(0.001, deadline - time.perf_counter()))
+            errors = [o["error"] for o in outs if "error" in o]
+            if errors:   # no party entered the protocol: fail closed, parties stay warm
+                fetch = [e for e in errors if "could not be fetched" in e]
+                raise MpcFailure(f"no output was computed: {(fetch or errors)[0]}")
         except MpcFailure:
             raise
         except Exception as exc:  # noqa: BLE001 - timeout, dead actor or party error: fail closed

@@ -70,8 +70,8 @@ class Services:
 
 
 def make_data(cfg, rng):
-    from fedmem.bench.shards import make_clustered_shards
+    from fedmem.bench.shards import clustered_data
 
     f = cfg.federation
-    return make_clustered_shards(f.shards, f.records_per_shard, f.key_dim, f.value_dim, f.clip, rng,
-                                 clusters=cfg.data.clusters, spread=cfg.data.spread)
+    return clustered_data(f.shards, f.records_per_shard, f.key_dim, f.value_dim, f.clip, rng,
+                          clusters=cfg.data.clusters, spread=cfg.data.spread, at_hosts=cfg.data.generate_at_hosts)

@@ -93,6 +93,7 @@ class ShardHostCore:
     def __init__(self, shard_ids, keys: list | None, values: list | None, *, clip: float, k_local: int,
                  n_parties: int, seed: int, recipe=None):
         self.shard_ids = np.asarray(shard_ids, dtype=np.int64)
+        self.generated = recipe is not None
         if recipe is not None:   # data at the host: generate its own shards (fedmem.bench.shards.ShardRecipe)
             if keys is not None or values is not None:
                 raise ValueError("keys and values must be None when a recipe is given (the host generates them).")
@@ -126,7 +127,8 @@ class ShardHostCore:
     def info(self) -> dict:
         import sys
 
-        return {"pid": os.getpid(), "shards": int(len(self.shard_ids)), "torch_loaded": "torch" in sys.modules}
+        return {"pid": os.getpid(), "shards": int(len(self.shard_ids)), "torch_loaded": "torch" in sys.modules,
+                "generated": self.generated}
 
     def ping(self) -> bool:
         return True
