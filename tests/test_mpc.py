@@ -627,7 +627,7 @@ def _ltz_parties(xs, L, n, ys=None):
     """Rounds.ltz objects for n simulated parties (the sub-protocols only read rank and n)."""
     import torch
 
-    from fedmem.federation.mpc_rounds import Rounds
+    from fedmem.federation.mpc.rounds import Rounds
 
     gens = []
     for r in range(n):
@@ -647,7 +647,7 @@ def _ltz_values(x, L, n, rng):
 def test_fused_comparison_is_exact_at_every_bound(n):
     """Rounds.ltz = [x < 0] for x at the edges of (-2^L, 2^L), for every L, with 2 and 3
     parties (carry-save layer); the same values with a bound one bit too small are caught."""
-    from fedmem.federation.mpc_rounds import ltz_rounds
+    from fedmem.federation.mpc.rounds import ltz_rounds
 
     rng = np.random.default_rng(40 + n)
     for L in (1, 2, 3, 5, 8, 13, 38, 47, 62, 63):
@@ -663,7 +663,7 @@ def test_fused_comparison_is_exact_at_every_bound(n):
 
 def test_fused_comparison_products_and_bounds():
     """The products fused into the conversion round equal bit * y; bits_for picks the smallest bound."""
-    from fedmem.federation.mpc_rounds import bits_for
+    from fedmem.federation.mpc.rounds import bits_for
 
     assert [bits_for(b) for b in (0, 1, 2, 3, 4, 20, 2**62, 2**70)] == [1, 1, 2, 2, 3, 5, 63, 63]
     with pytest.raises(ValueError, match="bound"):

@@ -1,0 +1,92 @@
+"""How share packets from the shard hosts are assembled into one party's tensors (and
+resolved when they arrive as Ray object refs)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from fedmem.errors import MpcFailure
+from fedmem.federation.sharing import SelectionSpec, SharePacket
+
+
+def assemble(packets: Sequence[SharePacket]):
+    """Concatenate one party's packets from every shard host in ascending shard-id order.
+
+    Returns ``(scores (B, N), values (B, N, d), valid (B, N), shard_ids (S,), m)`` with
+    flat candidate index ``j = s * m + c`` (``s`` = position of the shard in ascending
+    global id order, ``c`` = candidate index within the shard).
+    """
+    packets = list(packets)
+    if not packets:
+        raise ValueError("packets must hold at least one SharePacket per party. Found [].")
+    for p in packets:
+        if not isinstance(p, SharePacket):
+            raise TypeError(f"packets must be SharePacket objects. Found {type(p).__name__}.")
+    B, m, d = packets[0].batch, packets[0].m, packets[0].d
+    for p in packets[1:]:
+        if (p.batch, p.m, p.d) != (B, m, d):
+            raise ValueError(f"packets must agree on (batch, m, d) = {(B, m, d)}. Found {(p.batch, p.m, p.d)}.")
+    ids = np.concatenate([p.shard_ids for p in packets]).astype(np.int64)
+    if len(np.unique(ids)) != len(ids):
+        raise ValueError(f"shard_ids must be distinct across shard hosts. Found duplicates in {ids.tolist()!r}.")
+    order = np.argsort(ids, kind="stable")
+    S = len(ids)
+    if len(packets) == 1 and np.array_equal(order, np.arange(S)):   # one host, ids in order: views, no copy
+        p = packets[0]
+        return (p.scores.reshape(B, S * m), p.values.reshape(B, S * m, d), p.valid.reshape(B, S * m), ids, m)
+    scores = np.concatenate([p.scores for p in packets], axis=1)[:, order].reshape(B, S * m)
+    valid = np.concatenate([p.valid for p in packets], axis=1)[:, order].reshape(B, S * m)
+    values = np.concatenate([p.values for p in packets], axis=1)[:, order].reshape(B, S * m, d)
+    return scores, values, valid, ids[order], m
+
+
+def _check_packets(packets, n_parties: int):
+    if not isinstance(packets, (list, tuple)) or len(packets) != n_parties:
+        got = len(packets) if isinstance(packets, (list, tuple)) else type(packets).__name__
+        raise ValueError(f"packets must be a list with one entry per party ({n_parties}). Found {got}.")
+    per = [list(p) if isinstance(p, (list, tuple)) else [p] for p in packets]
+    n_hosts = {len(p) for p in per}
+    if len(n_hosts) != 1:
+        raise ValueError(f"packets must give every party the same number of host packets. Found {sorted(n_hosts)}.")
+    if any(_is_ref(x) for party in per for x in party):
+        return per  # resolved inside each party; shard ids are cross-checked on the results
+    ref = [tuple(x.shard_ids.tolist()) for x in per[0]]
+    for party in per[1:]:
+        if [tuple(x.shard_ids.tolist()) for x in party] != ref:
+            raise ValueError("packets must list the same shard hosts (same shard_ids, same order) for every party.")
+    return per
+
+
+def _is_ref(x) -> bool:
+    try:
+        import ray
+    except ImportError:  # pragma: no cover - ray is a hard dependency
+        return False
+    return isinstance(x, ray.ObjectRef)
+
+
+def _resolve(packets, timeout_s: float | None = None):
+    """Fetch any Ray ObjectRefs among one party's packets (inside that party's process).
+
+    A ref whose shard host (its owner) died, a lost object or a timeout raises
+    :class:`~fedmem.errors.MpcFailure`: the caller must fail closed.
+    """
+    packets = list(packets)
+    idx = [i for i, x in enumerate(packets) if _is_ref(x)]
+    if idx:
+        import ray
+
+        try:
+            got = ray.get([packets[i] for i in idx], timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - dead host, lost object, timeout: fail closed
+            raise MpcFailure(f"shares could not be fetched from the shard hosts: {exc!r}") from exc
+        for i, g in zip(idx, got):
+            packets[i] = g
+    return packets
+
+
+def _check_spec(spec):
+    if not isinstance(spec, SelectionSpec):
+        raise TypeError(f"spec must be a SelectionSpec. Found {type(spec).__name__}.")
