@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-DEFAULT_AGENT_CPUS = 0.02
+DEFAULT_AGENT_CPUS = 0.01
 
 
 class BoundaryObserver:
@@ -127,12 +127,12 @@ class AgentHost:
     def composed(self, delta: float) -> dict:
         return self.agent.ledger.composed(delta)
 
-    def check(self, seed: int) -> dict:
+    def check(self, seed: int, dpmind_stat_contexts: int | None = None) -> dict:
         from fedmem.agent.client import check_bookings
 
-        done = {r.task for r in self.agent.results}
-        return check_bookings(self.agent, [t for i, t in self.tasks.items() if i in done],
-                              rng=np.random.default_rng(int(seed)))
+        sent = {s["task"] for s in self.agent.dpmind_sent}
+        return check_bookings(self.agent, [t for i, t in self.tasks.items() if i in sent],
+                              rng=np.random.default_rng(int(seed)), dpmind_stat_contexts=dpmind_stat_contexts)
 
     def exposures(self) -> dict:
         """What crossed each boundary, as the agent's taps recorded it (evaluation only)."""

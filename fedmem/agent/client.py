@@ -213,7 +213,7 @@ class AgentLedger:
 
 # --------------------------------------------------------------------------- the agent
 class AgentClient:
-    """One user's agent (a plain object; the Ray-actor form is not built yet, see docs/agents.md).
+    """One user's agent (a plain object; :class:`fedmem.agent.actors.AgentHost` runs one per Ray actor).
 
     ``federation`` is a :class:`~fedmem.federation.client.MemoryClient` (from
     ``Federation.connect()``); ``federation_store`` / ``federation_accountant`` name where the
@@ -364,7 +364,7 @@ def default_perturber(epsilon: float, projection: str = "cascade"):
 
 # --------------------------------------------------------------------------- the check
 def check_bookings(agent: AgentClient, tasks: Sequence[Task], *, rng: np.random.Generator,
-                   dpmind_alpha: float = 1e-6) -> dict[str, list[str]]:
+                   dpmind_alpha: float = 1e-6, dpmind_stat_contexts: int | None = None) -> dict[str, list[str]]:
     """Per boundary, problems found comparing what left (taps) with what was booked.
 
     * federation: every response the agent received has a booking in the principal's
@@ -379,7 +379,8 @@ def check_bookings(agent: AgentClient, tasks: Sequence[Task], *, rng: np.random.
       unchanged must not exceed a one-sided binomial upper bound (level ``dpmind_alpha``)
       of the fraction the booked mechanism leaves unchanged on the same clean text
       (re-sampled here with ``rng``). A clean context (fraction 1) or noise for a larger
-      epsilon than booked fails this.
+      epsilon than booked fails this. ``dpmind_stat_contexts``: run the statistical part on
+      that many contexts drawn with ``rng`` (None: all); the counting checks always cover all.
     """
     from fractions import Fraction
 
@@ -459,7 +460,13 @@ def check_bookings(agent: AgentClient, tasks: Sequence[Task], *, rng: np.random.
     by_task = {t.index: t for t in tasks}
     same = same_ref = total = 0
     codec = agent._codec
-    for s in agent.dpmind_sent:
+    stat = list(agent.dpmind_sent)
+    if dpmind_stat_contexts is not None:
+        V.positive_int("dpmind_stat_contexts", dpmind_stat_contexts)
+        if len(stat) > dpmind_stat_contexts:
+            pick = sorted(rng.choice(len(stat), size=dpmind_stat_contexts, replace=False).tolist())
+            stat = [stat[i] for i in pick]
+    for s in stat:
         t = by_task.get(s["task"])
         if t is None:
             problems["dpmind"].append(f"context {s['context']}: task {s['task']} not given to the check")

@@ -41,6 +41,8 @@ class FederationService:
         self.fed = Federation(config, data, accountant=Accountant("rdp", store=self.store, name=accountant_name),
                               rng=np.random.default_rng(seed))
         self.accountant_name = accountant_name
+        self.busy_s = 0.0
+        self.calls = 0
 
     # ---- what any principal may call
     def connect(self) -> str:
@@ -49,13 +51,23 @@ class FederationService:
 
     def retrieve(self, principal: str, q, family: str | None = None, retry_of: int | None = None):
         """The ``Response``, or ``(REFUSED, query_id)`` for the uniform refusal (re-raised by the client)."""
+        import time
+
         from fedmem.errors import SupportPrivacyViolation
 
+        t = time.perf_counter()
+        self.calls += 1
         try:
             return self.fed.retrieve(np.asarray(q, dtype=np.float64), family=family, retry_of=retry_of,
                                      principal=principal)
         except SupportPrivacyViolation as exc:
             return (REFUSED, getattr(exc, "query_id", None))
+        finally:
+            self.busy_s += time.perf_counter() - t
+
+    def stats(self) -> dict:
+        """Retrieve calls and wall seconds spent inside them (the service is serial)."""
+        return {"calls": self.calls, "busy_s": self.busy_s}
 
     def principal_spent(self, principal: str) -> float:
         return float(self.fed.gateway.principal_spent(principal))
@@ -119,11 +131,12 @@ class RemoteMemoryClient:
 
 
 def start_federation_service(config, data, ledger_path, *, accountant_name: str = "federation", seed: int = 0,
-                             num_cpus: float = 0.1):
-    """Start :class:`FederationService` as a Ray actor (Ray must be initialised); returns the handle."""
+                             num_cpus: float = 0.05, cls=None):
+    """Start :class:`FederationService` (or the subclass ``cls``) as a Ray actor (Ray must be
+    initialised); returns the handle."""
     import ray
 
-    actor = ray.remote(num_cpus=num_cpus, max_restarts=0)(FederationService)
+    actor = ray.remote(num_cpus=num_cpus, max_restarts=0)(cls or FederationService)
     h = actor.remote(config, data, str(ledger_path), accountant_name=accountant_name, seed=int(seed))
     ray.get(h.ping.remote())
     return h
@@ -141,14 +154,23 @@ class ProjectorService:
         self.projector = make_projector(table, projection, **kw)
         self.calls = 0
         self.points = 0
+        self.busy_s = 0.0
+        self.cpu_s = 0.0
 
     def project(self, points) -> np.ndarray:
+        import time
+
+        t, c = time.perf_counter(), time.process_time()
         self.calls += 1
         self.points += int(np.shape(points)[0])
-        return self.projector.project(points)
+        out = self.projector.project(points)
+        self.busy_s += time.perf_counter() - t
+        self.cpu_s += time.process_time() - c
+        return out
 
     def stats(self) -> dict:
-        return {"calls": self.calls, "points": self.points}
+        """Calls, points projected, wall seconds inside ``project`` and CPU seconds of this process's work."""
+        return {"calls": self.calls, "points": self.points, "busy_s": self.busy_s, "cpu_s": self.cpu_s}
 
     def ping(self) -> bool:
         return True
@@ -173,7 +195,7 @@ class RemoteProjector:
         return np.asarray(ray.get(self._service.project.remote(pts), timeout=self.timeout_s))
 
 
-def start_projector_service(projection: str = "cascade", *, num_cpus: float = 0.1):
+def start_projector_service(projection: str = "cascade", *, num_cpus: float = 0.05):
     import ray
 
     actor = ray.remote(num_cpus=num_cpus, max_restarts=0)(ProjectorService)

@@ -104,11 +104,15 @@ class ActorSession:
     Files under ``out_dir``: ``federation.sqlite`` (the federation's per-principal
     accountants) and ``ledgers/<user>.sqlite`` (each agent's own ledger). Ray must be
     initialised (``fedmem._ray.ensure_ray``); :meth:`close` kills only the actors this
-    session started. Use as a context manager.
+    session started (``projector`` handles passed in are shared and left running; else it
+    starts ``projectors`` services, agents assigned round-robin, one thread each).
+    ``agent_cls``: one ``AgentClient`` subclass for all agents, or ``{user: cls}``.
+    Use as a context manager.
     """
 
     def __init__(self, worlds, fed_config, data, config: AgentConfig, out_dir, *, seed: int,
-                 agent_cpus: float | None = None, agent_cls=None, step_delay_s: float = 0.0):
+                 agent_cpus: float | None = None, agent_cls=None, step_delay_s: float = 0.0, projector=None,
+                 start_batch: int = 8, projectors: int = 2):
         import time
         from pathlib import Path
 
@@ -121,6 +125,8 @@ class ActorSession:
         if not ray.is_initialized():
             raise RuntimeError("ActorSession needs Ray: call fedmem._ray.ensure_ray() first.")
         cpus = DEFAULT_AGENT_CPUS if agent_cpus is None else V.positive("agent_cpus", agent_cpus)
+        start_batch = V.positive_int("start_batch", start_batch)
+        projectors = V.positive_int("projectors", projectors)
         self.worlds = list(worlds)
         self.out_dir = Path(out_dir)
         (self.out_dir / "ledgers").mkdir(parents=True, exist_ok=True)
@@ -135,10 +141,14 @@ class ActorSession:
                                                 seed=int(s_fed.generate_state(1)[0]))
             self._handles.append(self.fed)
             self.fed_info = ray.get(self.fed.info.remote())
-            self.projector = start_projector_service()
+            if projector is None:          # the shared nearest-token search (noisy embeddings only)
+                projector = [start_projector_service() for _ in range(projectors)]
+                self._handles += projector
+            self.projectors = list(projector) if isinstance(projector, (list, tuple)) else [projector]
+            self.projector = self.projectors[0]
             self.app = start_observer("app")
             self.external = start_observer("external")
-            self._handles += [self.projector, self.app, self.external]
+            self._handles += [self.app, self.external]
             table, _ = load_minilm()
             table_ref = ray.put(table)
             cls = agent_actor_class(cpus)
@@ -146,20 +156,33 @@ class ActorSession:
             self.ledger_paths = {w.user: self.out_dir / "ledgers" / f"{w.user}.sqlite" for w in self.worlds}
             self.timings["services_s"] = time.perf_counter() - t0
             self.actors = {}
-            for w, s in zip(self.worlds, seeds):
+            self.principals = {}
+            for i, (w, s) in enumerate(zip(self.worlds, seeds)):
+                if i and i % start_batch == 0:     # start actors a batch at a time: no stampede of imports
+                    self._collect_principals()
                 self.actors[w.user] = cls.remote(w, config, str(self.ledger_paths[w.user]), self.fed, self.fed_info,
-                                                 table_ref, self.projector, int(s), app=self.app,
-                                                 external=self.external, agent_cls=agent_cls,
+                                                 table_ref, self.projectors[i % len(self.projectors)], int(s),
+                                                 app=self.app,
+                                                 external=self.external,
+                                                 agent_cls=agent_cls.get(w.user) if isinstance(agent_cls, dict)
+                                                 else agent_cls,
                                                  step_delay_s=step_delay_s)
                 self._handles.append(self.actors[w.user])
-            self.principals = dict(zip(self.actors, ray.get([a.ping.remote() for a in self.actors.values()])))
+            self._collect_principals()
             self.timings["actors_s"] = time.perf_counter() - t0 - self.timings["services_s"]
         except BaseException:
             self.close()
             raise
         self.config = config
         self.dead: dict[str, dict] = {}
+        self.failed: dict[str, list] = {}
         self._pending: dict = {}
+
+    def _collect_principals(self) -> None:
+        import ray
+
+        todo = [u for u in self.actors if u not in self.principals]
+        self.principals.update(zip(todo, ray.get([self.actors[u].ping.remote() for u in todo])))
 
     def submit(self):
         """Queue every task of every agent (an actor runs its calls in order; agents run concurrently)."""
@@ -188,6 +211,9 @@ class ActorSession:
                 d["task"] = min(d["task"], t)
                 d["lost_tasks"].append(t)
                 continue
+            except ray.exceptions.RayTaskError as exc:   # the task raised inside a live agent: recorded, go on
+                self.failed.setdefault(user, []).append({"task": t, "error": str(exc).splitlines()[-1][:300]})
+                continue
             out[user].append(res)
             step_s.append(dt)
         for u in out:
@@ -198,6 +224,13 @@ class ActorSession:
     def run(self) -> dict:
         self.submit()
         return self.gather()
+
+    def service_stats(self) -> dict:
+        """Busy time of the shared services (where the serial time goes)."""
+        import ray
+
+        return {"federation": ray.get(self.fed.stats.remote()),
+                "projectors": ray.get([p.stats.remote() for p in self.projectors])}
 
     def alive(self) -> list[str]:
         return [w.user for w in self.worlds if w.user not in self.dead]

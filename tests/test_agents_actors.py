@@ -1,0 +1,256 @@
+"""Agents as Ray actors (issue 11): one actor per user against one federation service,
+a killed agent actor loses no booked charge (a late-booking agent is caught by the same
+test), and every ledger survives a SIGKILL of the driver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedmem.agent.client import AgentClient, AgentConfig
+from fedmem.agent.session import ActorSession, make_world
+from fedmem.bench.shards import make_clustered_shards
+from fedmem.federation.engine import FederationConfig
+
+FCFG = FederationConfig(shards=6, records_per_shard=12, key_dim=16, value_dim=8, k=3, k_local=2, mpc="plaintext",
+                        sigma=3.0, hosts=1, total_epsilon_budget=1000.0)
+ACFG = AgentConfig(dpmind_chunk_tokens=128)
+WORKER = Path(__file__).with_name("agents_driver_worker.py")
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_clustered_shards(FCFG.shards, FCFG.records_per_shard, FCFG.key_dim, FCFG.value_dim, FCFG.clip,
+                                 np.random.default_rng(0), clusters=3)
+
+
+@pytest.fixture(scope="module")
+def projector(ray_local):
+    """One nearest-token search service for the module (it loads the MiniLM index once)."""
+    from fedmem.agent.federation_service import start_projector_service
+
+    h = start_projector_service()
+    yield h
+    ray_local.kill(h, no_restart=True)
+
+
+@pytest.fixture(scope="module")
+def codec():
+    from fedmem.agent.dpmind import load_minilm
+
+    return load_minilm()[1]
+
+
+def test_actor_session_one_federation_bookings_match(tmp_path, data, codec, projector, ray_local):
+    import ray
+
+    worlds = make_world(3, 2, data, np.random.default_rng(1), codec=codec, context_tokens=128)
+    with ActorSession(worlds, FCFG, data, ACFG, tmp_path, seed=3, projector=projector) as s:
+        results = s.run()
+        assert not s.dead and not s.failed
+        assert len(set(s.principals.values())) == 3                    # one principal per agent
+        assert all(len(r) == 2 for r in results.values())
+        checks = s.call("check", 7)
+        for u, c in checks.items():
+            assert c == {"federation": [], "memview": [], "brace": [], "dpmind": []}, (u, c)
+        spend = s.call("spend")
+        audit = ray.get(s.fed.audit.remote())
+        for w in worlds:
+            u = w.user
+            # the federation's own audit: this principal's admitted releases = the agent's booked releases
+            admitted = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
+            assert spend[u]["federation"]["releases"] == admitted == 2
+            assert s.reopen_ledger(u).summary() == spend[u]               # durable, read from the files
+            app = ray.get(s.app.messages.remote(u))
+            ext = ray.get(s.external.messages.remote(u))
+            assert len(app) == 2 and ext
+            for msgs in app:                                             # no private memory reached the app
+                assert not any(item in msgs[-1]["content"] for item in w.pair.stores["M"].items)
+            for msgs in ext:                                             # no clean context reached the provider
+                assert not any(t.context in msgs[-1]["content"] for t in w.tasks)
+
+
+class SlowAfterRelease(AgentClient):
+    """Correct agent; after task 1's context reached the external model it signals and stalls
+    (the test kills it there, mid-task, before the step returns)."""
+
+    def _dpmind(self, task):
+        out = super()._dpmind(task)
+        if task.index == 1:
+            Path(self.ledger.store.path).with_suffix(".released").write_text(str(len(self.dpmind_sent)))
+            time.sleep(60)
+        return out
+
+
+class LateBooking(SlowAfterRelease):
+    """Broken: books the DP-MIND charge only after the context was sent."""
+
+    def _book_dpmind(self, task):
+        return f"task={task.index} ctx={len(self.dpmind_sent)}"
+
+    def _dpmind(self, task):
+        out = super()._dpmind(task)
+        AgentClient._book_dpmind(self, task)
+        return out
+
+
+def lost_charges(ledger, released_contexts: int, released_feds: int) -> list[str]:
+    s = ledger.summary()
+    problems = []
+    if s["dpmind"]["contexts"] < released_contexts:
+        problems.append(f"dpmind: {released_contexts} contexts released, {s['dpmind']['contexts']} on disk")
+    if s["federation"]["releases"] < released_feds:
+        problems.append(f"federation: {released_feds} releases, {s['federation']['releases']} on disk")
+    return problems
+
+
+def test_killed_agent_actor_loses_no_booked_charge(tmp_path, data, codec, projector, ray_local):
+    """Two agents are killed mid-task 1, after its context reached the external model: a correct
+    one (nothing lost) and a late-booking one (caught by the same test); a third goes on."""
+    import ray
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the agent classes live in this file
+    worlds = make_world(3, 3, data, np.random.default_rng(2), codec=codec, context_tokens=128)
+    good, broken, bystander = (w.user for w in worlds)
+    with ActorSession(worlds, FCFG, data, ACFG, tmp_path, seed=4, projector=projector,
+                      agent_cls={good: SlowAfterRelease, broken: LateBooking}) as s:
+        s.submit()
+        flags = {u: s.ledger_paths[u].with_suffix(".released") for u in (good, broken)}
+        deadline = time.monotonic() + 120
+        for u, flag in flags.items():
+            while not flag.exists():
+                assert time.monotonic() < deadline, f"agent {u} never reached task 1"
+                time.sleep(0.05)
+            ray.kill(s.actors[u], no_restart=True)                   # mid-task 1: the step never returns
+        res = s.gather()
+        assert [r.task for r in res[bystander]] == [0, 1, 2]           # the other agent went on
+        audit = ray.get(s.fed.audit.remote())
+        problems = {}
+        for u in (good, broken):
+            assert s.dead[u]["task"] == 1 and sorted(s.dead[u]["lost_tasks"]) == [1, 2]
+            assert [r.task for r in res[u]] == [0]
+            feds = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
+            released = int(flags[u].read_text())
+            assert released == 2 and ray.get(s.external.count.remote(u)) > 0
+            problems[u] = lost_charges(s.reopen_ledger(u), released, feds)
+    assert problems[good] == []
+    assert problems[broken] and problems[broken][0].startswith("dpmind"), problems
+
+
+def test_ledgers_survive_sigkill_of_the_driver(tmp_path):
+    from fedmem.agent.client import AgentLedger
+    from fedmem.dp import DurableStore
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(out)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 150
+        while not line.startswith("{"):
+            assert time.monotonic() < deadline and proc.poll() is None, "driver did not finish its session"
+            line = proc.stdout.readline()
+        report = json.loads(line)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)     # Ray processes this driver started, if any are left
+        except ProcessLookupError:
+            pass
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("agents_driver_worker", WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    _, worlds = worker.world()
+    assert set(report["spend"]) == {w.user for w in worlds} and not report["dead"]
+    for w in worlds:
+        led = AgentLedger(w.user, DurableStore(out / "ledgers" / f"{w.user}.sqlite"), worker.ACFG,
+                          w.pair.policy.attributes, federation_store=DurableStore(out / "federation.sqlite"),
+                          principal=report["principals"][w.user], federation_delta=worker.FCFG.delta)
+        s = led.summary()
+        assert s == report["spend"][w.user]
+        assert s["federation"]["releases"] == s["brace"]["releases"] == s["dpmind"]["contexts"] == 2
+
+
+@pytest.mark.parametrize("override, key", [("agents.actor_cpus=0", "agents.actor_cpus"),
+                                           ("agents.check_contexts=-1", "agents.check_contexts"),
+                                           ("attacks.peer_trials=3", "attacks.peer_trials"),
+                                           ("agents.n=0", "agents.n")])
+def test_bad_agent_configuration_names_file_and_key(override, key):
+    from fedmem.errors import ScenarioError
+    from fedmem.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "agents_session.toml"
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path, [override])
+    assert key in str(info.value) and "agents_session.toml" in str(info.value)
+
+
+def _leaky_cls():
+    """Broken service: books the release as usual but hands back the exact selected mean."""
+    import dataclasses
+
+    from fedmem.agent.federation_service import FederationService
+
+    class Leaky(FederationService):
+        def retrieve(self, principal, q, family=None, retry_of=None):
+            r = super().retrieve(principal, q, family, retry_of)
+            if isinstance(r, tuple):
+                return r
+            t = self.fed.ground_truth(np.asarray(q, dtype=np.float64))
+            return dataclasses.replace(r, value=np.asarray(t.sum, float) / max(int(t.count), 1))
+
+    return Leaky
+
+
+def test_peer_game_within_booked_epsilon_and_catches_a_leaky_federation(tmp_path, data, ray_local):
+    """The curious peer's game: against the real federation no ROC point is provably above the
+    booked epsilon's DP ceiling; against one that books the same but releases the exact mean,
+    the same game finds such points."""
+    import ray.cloudpickle
+
+    from fedmem.agent.adversaries import federation_games, pick_target
+    from fedmem.agent.federation_service import start_federation_service
+    from fedmem.bench.shards import without_record
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    target = pick_target(data, np.random.default_rng(3))
+    out = {}
+    for name, cls in (("real", None), ("leaky", _leaky_cls())):
+        svc = start_federation_service(FCFG, data, tmp_path / f"{name}.sqlite", seed=1, cls=cls)
+        nb = start_federation_service(FCFG, without_record(data, target[0], target[1]),
+                                      tmp_path / f"{name}_n.sqlite", seed=2, cls=cls)
+        try:
+            out[name] = federation_games(svc, nb, target, 60, np.random.default_rng(9), delta=FCFG.delta)["peer"]
+        finally:
+            ray_local.kill(svc, no_restart=True)
+            ray_local.kill(nb, no_restart=True)
+    real, leaky = out["real"], out["leaky"]
+    assert real["queries_whose_selection_changes"] >= 30          # the target matters to these queries
+    assert real["defended"]["ceiling_violations"] == 0
+    assert real["defended"]["eps_lower"] <= real["booked"]["max"]
+    assert leaky["booked"]["max"] == pytest.approx(real["booked"]["max"])   # same booking ...
+    assert leaky["defended"]["ceiling_violations"] > 0                     # ... but provably more leaked
+
+
+def test_agents_that_cannot_all_be_placed_are_refused_at_load():
+    from fedmem.errors import ScenarioError
+    from fedmem.scenario import load_scenario
+
+    path = Path(__file__).resolve().parents[1] / "scenarios" / "agents_session.toml"
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path, ["agents.actor_cpus=0.5"])           # 100 x 0.5 CPUs on this machine
+    assert "agents.actor_cpus" in str(info.value)
+    load_scenario(path, [])                                        # the shipped file fits
