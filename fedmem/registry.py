@@ -17,6 +17,8 @@ FAMILIES: dict[str, str] = {
     "brace": "fedmem.experiments.brace",
     "dpmind": "fedmem.agent.dpmind.experiment",
     "memview": "fedmem.experiments.memview",
+    "flower": "fedmem.experiments.flower",
+    "agents": "fedmem.experiments.agents",
 }
 
 KINDS: dict[str, tuple[str, ...]] = {
@@ -25,8 +27,9 @@ KINDS: dict[str, tuple[str, ...]] = {
     "brace": ("brace.synthetic", "brace.digits"),
     "dpmind": ("dpmind.niah",),
     "memview": ("memview.table2", "memview.table3", "memview.table4"),
+    "flower": ("flower.support_leak",),
+    "agents": ("agents.session",),
 }
-FAMILIES["flower"], KINDS["flower"] = "fedmem.experiments.flower", ("flower.support_leak",)  # Flower engine (issue 10)
 
 
 def family_experiments(family: str) -> dict:
@@ -45,4 +48,3 @@ def get_experiment(kind: str):
 
 def known_kinds() -> list[str]:
     return [k for kinds in KINDS.values() for k in kinds]
-FAMILIES["agents"], KINDS["agents"] = "fedmem.agent.session_experiment", ("agents.session",)  # AgentClient (issue 11)
