@@ -323,6 +323,55 @@ def test_cascade_equals_exact_when_m_is_large(minilm, exact):
     np.testing.assert_array_equal(full.project(pts), exact.project(pts))
 
 
+def _noisy_points(table, eps, n, seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(table.output_ids, n)
+    return (table.matrix[ids].astype(np.float64) + MetricLaplace(eps, 384).sample(rng, n)).astype(np.float32)
+
+
+def test_certified_cascade_equals_float64_exhaustive_and_uses_its_fallback(minilm):
+    """The certificate makes the default cascade exact: equal to the float64 argmin on every point.
+
+    At epsilon 50 (queries far from every token, many near-ties in bfloat16) the probe's
+    certificate fails for a good share of points, so the bound-based re-rank is exercised.
+    """
+    table, _ = minilm
+    proj = CascadeProjector(table, threads=1)
+    assert proj.certify
+    for eps, seed in ((50.0, 1), (100.0, 2)):
+        pts = _noisy_points(table, eps, 400, seed)
+        np.testing.assert_array_equal(proj.project(pts), proj.exhaustive(pts))
+    assert 0 < proj.fallbacks < proj.projected
+
+
+def test_certificate_with_a_broken_bound_is_caught(minilm):
+    """Broken variant: an error bound that is too small (here slightly negative, so exact
+    bfloat16 ties no longer trigger the re-rank) with one candidate lets wrong answers through.
+
+    The same comparison with the float64 exhaustive search that the correct certificate
+    passes must fail here, so the equality test above can fail.
+    """
+    table, _ = minilm
+    broken = CascadeProjector(table, probe=1, candidates=1, threads=1)
+    broken._max_e = broken._max_de = broken._gamma = broken._u_out = 0.0
+    broken._max_dsq = -1e-6
+    pts = _noisy_points(table, 50.0, 400, 1)
+    ref = broken.exhaustive(pts)
+    assert np.mean(broken.project(pts) != ref) > 0.005
+    good = CascadeProjector(table, probe=1, candidates=1, threads=1)
+    np.testing.assert_array_equal(good.project(pts), ref)
+
+
+def test_uncertified_cascade_is_the_old_heuristic(minilm, exact):
+    table, _ = minilm
+    old = CascadeProjector(table, certify=False, threads=1)
+    pts = _noisy_points(table, 100.0, 600, 3)
+    assert np.mean(old.project(pts) == exact.project(pts)) >= 0.99
+    assert old.fallbacks == 0
+    with pytest.raises(ValueError, match="certify"):
+        CascadeProjector(table, certify="yes")
+
+
 def test_cascade_is_default_and_never_outputs_special_tokens(minilm, cascade):
     table, _ = minilm
     assert isinstance(TokenPerturber(MetricLaplace(100.0, 384), table).projector, CascadeProjector)

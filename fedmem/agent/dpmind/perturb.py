@@ -29,8 +29,9 @@ Projectors (all functions of the noisy embeddings only):
   inside them. Its recall@1 against exact is measured in tests and in
   ``scripts/bench_dpmind.py``; an approximate answer changes utility, never privacy.
 * :class:`CascadeProjector` (the default): a cheap bfloat16 pass over the whole output
-  set keeps a few candidates per token, which are re-ranked exactly in float64. Its
-  recall@1 against exact is measured: 0.9994-1.0 at epsilon 50-200.
+  set keeps a few candidates per token, which are re-ranked exactly in float64; a
+  certified bound on the bfloat16 error proves the answer equal to the float64 exact
+  argmin, and re-ranks every unexcluded token when the proof fails (``certify=True``).
 * :func:`naive_project`: the per-token argmin loop, a baseline for the benchmark only.
 
 :class:`TokenPerturber` streams: it consumes token ids block by block, so memory stays
@@ -214,39 +215,59 @@ class IVFProjector:
 
 
 class CascadeProjector:
-    """Nearest output token by a bfloat16 candidate pass and an exact float64 re-rank.
+    """Nearest output token by a bfloat16 candidate pass, an exact float64 re-rank and a certificate.
 
-    1. **Candidate pass** (bfloat16, AMX/AVX512-BF16 matrix units where the CPU has them):
-       for a block of ``block`` noisy embeddings x, one matrix product with the augmented
-       table ``[E_u, ||E_u||^2]`` against ``[-2 x, 1]`` gives the scores
-       ``||E_u||^2 - 2 <E_u, x>`` (= ||E_u - x||^2 - ||x||^2) for every output token u.
-       The output tokens are dealt into ``group`` interleaved slabs, so that
+    1. **Candidate pass** (bfloat16; AMX / AVX512-BF16 units where the CPU has them, float32
+       accumulation): for a block of ``block`` noisy embeddings x, one matrix product with
+       the augmented table ``[E_u, ||E_u||^2]`` against ``[-2 x, 1]`` gives the scores
+       ``s^(u)`` ~ ``s(u) = ||E_u||^2 - 2 <E_u, x>`` (= ||E_u - x||^2 - ||x||^2) for every
+       output token u. The output tokens are dealt into ``group`` interleaved slabs, so that
        "group" c is {c, c + G, c + 2G, ...}; an elementwise minimum over the slabs gives
        each group's best score, and the ``probe`` groups with the smallest minimum are kept.
        Of their ``probe * group`` members, the ``candidates`` with the lowest bfloat16
        score go on (``torch.topk``).
     2. **Re-rank** (float64): the exact score of each candidate; the argmin (ties go to
-       the lowest token id, as in :class:`ExactProjector`) is the answer.
+       the lowest token id) is the answer.
+    3. **Certificate** (``certify=True``, the default). With a = [-2x, 1] and a~, b~_u the
+       bfloat16 roundings actually used, every score obeys
+       ``|s(u) - s^(u)| <= B(x) + u_o |s^(u)|`` where
+       ``B(x) = ||2x - 2x~|| max||E|| + ||2x~|| max||E - E~|| + max| ||E||^2 - (||E||^2)~ |
+       + gamma_D ||a~|| max||b~||`` (Cauchy-Schwarz on the two rounding residuals, the
+       rounding of the squared-norm row, float32 accumulation of D products with a x2
+       margin), and u_o = 2^-7 bounds the rounding of the product to bfloat16 (twice the
+       unit roundoff, so it also covers truncation). Let m0 be the smallest bfloat16
+       score and f(y) = y - u_o |y| (increasing). The true winner w has
+       ``s(w) <= s(argmin s^) <= m0 + u_o |m0| + B`` and ``s(w) >= f(s^(w)) - B``, so
+       ``f(s^(w)) <= R = m0 + u_o |m0| + 2B``: every token with f(s^(u)) > R is
+       strictly worse than w. The answer is certified when the best group outside the
+       probe and the best probed token outside the candidates both have f(.) > R. When
+       not, every token with f(s^(u)) <= R (a set that provably contains w; usually a
+       handful) is re-ranked in float64. So with ``certify=True`` the output always
+       equals the float64 argmin of s(u) over the whole output set (:meth:`exhaustive`),
+       under one assumption: the bfloat16 product accumulates in float32 (oneDNN's and
+       AMX/AVX512-BF16's behaviour; tests compare with :meth:`exhaustive`).
+       ``fallbacks`` / ``projected`` count the queries that needed step 3's re-rank.
 
-    The answer is the exact argmin whenever the true nearest token survives the
-    candidate pass, i.e. whenever its bfloat16 score is among the ``candidates`` lowest of
-    the probed groups; the bfloat16 rounding error of a score is about 1e-2, well below
-    the score gaps that decide the winner in most cases. Recall@1 against
-    :class:`ExactProjector` is measured (tests, ``scripts/bench_dpmind.py``): >= 0.999 at
-    epsilon 50, 100 and 200 with the defaults. With ``probe`` equal to the number of
-    groups and ``candidates`` equal to the output-set size the search is exhaustive.
+    ``certify=False`` skips step 3 (the pre-certificate cascade): the answer is exact
+    only when the true nearest token survives the candidate pass (measured recall@1 in
+    ``scripts/bench_dpmind.py``). With ``probe`` equal to the number of groups and
+    ``candidates`` equal to the output-set size the search is exhaustive either way.
 
     Privacy: the projector reads only the noisy embeddings, so whatever it returns is
-    post-processing of the epsilon-d_chi private release (Theorem 3.3); a missed
-    candidate changes utility, never privacy.
+    post-processing of the epsilon-d_chi private release (Theorem 3.3).
     """
 
     name = "cascade"
 
     def __init__(self, table: TokenTable, *, candidates: int = 8, group: int = 16, probe: int = 2,
-                 block: int = 256, threads: int | None = None):
+                 block: int = 256, threads: int | None = None, certify: bool = True):
         torch = _torch()
         self.table = table
+        if not isinstance(certify, bool):
+            raise ValueError(f"certify must be a bool. Found {certify!r}.")
+        self.certify = certify
+        self.fallbacks = 0   # queries whose certificate failed and that were searched exhaustively
+        self.projected = 0   # queries projected so far
         self.threads = None if threads is None else V.positive_int("threads", threads)
         self.block = V.positive_int("block", block)
         self.group = V.positive_int("group", group)
@@ -281,6 +302,16 @@ class CascadeProjector:
         ids_p[:n] = ids
         self._ids = torch.from_numpy(ids_p)
         self._offsets = torch.arange(self.group) * self.n_groups  # members of group c: c + offsets
+        # Constants of the certified error bound (see the class docstring), over the real
+        # (non-padding) columns b_u = [E_u, ||E_u||^2] and their bfloat16 roundings.
+        bf = self._aug_t[:d + 1, :n].T.to(torch.float64).numpy()          # (n, d + 1) bfloat16 values
+        self._max_e = float(np.linalg.norm(mat, axis=1).max()) if n else 0.0            # max ||E_u||
+        self._max_de = float(np.linalg.norm(mat - bf[:, :d], axis=1).max()) if n else 0.0  # max ||E_u - E~_u||
+        self._max_dsq = float(np.abs(sq - bf[:, d]).max()) if n else 0.0               # max |sq_u - sq~_u|
+        self._max_bt = float(np.linalg.norm(bf, axis=1).max()) if n else 0.0            # max ||b~_u||
+        # float32 accumulation of D products, with a x2 margin: gamma_D = D u / (1 - D u)
+        self._gamma = 2.0 * (self._dim_aug * 2.0 ** -24) / (1.0 - self._dim_aug * 2.0 ** -24)
+        self._u_out = 2.0 ** -7  # bfloat16 rounding of each product entry (2x the unit roundoff 2^-8)
 
     def project(self, points) -> np.ndarray:
         torch = _torch()
@@ -292,23 +323,104 @@ class CascadeProjector:
             for s in range(0, x.shape[0], self.block):
                 xb = x[s:s + self.block]
                 out[s:s + self.block] = self._project_block(xb, xa[:xb.shape[0]])
+        self.projected += int(x.shape[0])
         return out.numpy()
+
+    def exhaustive(self, points) -> np.ndarray:
+        """Float64 argmin of ||E_u||^2 - 2 <E_u, x> over every output token (lowest id on ties).
+
+        The reference that the certified cascade provably equals; slow (a float64 scan).
+        """
+        torch = _torch()
+        x = torch.from_numpy(_points(self.table, points))
+        x64 = x.to(torch.float64)
+        best = torch.full((x.shape[0],), float("inf"), dtype=torch.float64)
+        arg = torch.zeros(x.shape[0], dtype=torch.int64)
+        step = 4096
+        for c in range(0, self._mat.shape[0], step):  # table rows in ascending column order
+            sc = self._sq[c:c + step] - 2.0 * (x64 @ self._mat[c:c + step].to(torch.float64).T)
+            mn, am = sc.min(1)
+            better = mn < best
+            best = torch.where(better, mn, best)
+            arg = torch.where(better, am + c, arg)
+        # Columns are ordered by group, not by id: resolve exact ties by the lowest token id.
+        ids = self._ids[arg]
+        for c in range(0, self._mat.shape[0], step):
+            sc = self._sq[c:c + step] - 2.0 * (x64 @ self._mat[c:c + step].to(torch.float64).T)
+            tie = sc == best[:, None]
+            if tie.any():
+                cand = torch.where(tie, self._ids[c:c + step][None, :], torch.iinfo(torch.int64).max).amin(1)
+                ids = torch.minimum(ids, cand)
+        return ids.numpy()
 
     def _project_block(self, xb, xa):
         torch = _torch()
         b, d, g, G = xb.shape[0], self.table.dim, self.group, self.n_groups
         xa[:, :d] = xb * -2.0
         sc = torch.mm(xa, self._aug_t)                                     # (b, padded) bfloat16 scores
-        groups = sc.view(b, g, G).amin(1).topk(self.probe, 1, largest=False, sorted=False).indices
+        gmin = sc.view(b, g, G).amin(1)                                    # (b, G) group minima
+        certify = self.certify
+        if certify and self.probe < G:
+            top = gmin.topk(self.probe + 1, 1, largest=False, sorted=True)
+            groups = top.indices[:, :self.probe]
+            next_group = top.values[:, self.probe].to(torch.float64)       # best score outside the probe
+            m0 = top.values[:, 0].to(torch.float64)                        # min over all columns
+        else:
+            top = gmin.topk(self.probe, 1, largest=False, sorted=certify)
+            groups = top.indices
+            next_group = None
+            m0 = top.values[:, 0].to(torch.float64) if certify else None
         cols = (groups[:, :, None] + self._offsets).reshape(b, -1)         # (b, probe * group)
+        next_cand = None
         if self.candidates < cols.shape[1]:
-            keep = sc.gather(1, cols).topk(self.candidates, 1, largest=False, sorted=False).indices
+            cs = sc.gather(1, cols)
+            if certify:
+                t2 = cs.topk(self.candidates + 1, 1, largest=False, sorted=True)
+                keep = t2.indices[:, :self.candidates]
+                next_cand = t2.values[:, self.candidates].to(torch.float64)  # best probed score not kept
+            else:
+                keep = cs.topk(self.candidates, 1, largest=False, sorted=False).indices
             cols = cols.gather(1, keep)                                    # (b, candidates)
         rows = self._mat[cols].to(torch.float64)                           # (b, m, d)
-        exact = self._sq[cols] - 2.0 * torch.bmm(rows, xb.to(torch.float64)[:, :, None]).squeeze(2)
+        x64 = xb.to(torch.float64)
+        exact = self._sq[cols] - 2.0 * torch.bmm(rows, x64[:, :, None]).squeeze(2)
         best = exact.min(1, keepdim=True).values
         pick = torch.where(exact == best, cols, torch.iinfo(torch.int64).max).amin(1)
-        return self._ids[pick]
+        result = self._ids[pick]
+        if not certify:
+            return result
+        # Certificate (see the class docstring): every true score s(u) = ||E_u||^2 - 2 <E_u, x>
+        # is within  B + u_o |s^(u)|  of its bfloat16 score s^(u), with
+        # B = ||2x - 2x~|| max||E|| + ||2x~|| max||E - E~|| + max|sq - sq~| + gamma ||a~|| max||b~||.
+        ax = xa[:, :d].to(torch.float64)                                   # -2x rounded to bfloat16
+        na = (x64 * -2.0 - ax).norm(dim=1)
+        nax = ax.norm(dim=1)
+        nat = torch.sqrt(nax * nax + 1.0)
+        bound = (na * self._max_e + nax * self._max_de + self._max_dsq
+                 + self._gamma * nat * self._max_bt + 1e-30)
+        u_o = self._u_out
+        rhs = m0 + u_o * m0.abs() + 2.0 * bound
+        # f(y) <= rhs  <=>  y <= thr  (f is increasing with f(0) = 0)
+        thr = torch.where(rhs >= 0, rhs / (1.0 - u_o), rhs / (1.0 + u_o))
+        ok = torch.ones(b, dtype=torch.bool)
+        for nxt in (next_group, next_cand):
+            if nxt is not None:
+                ok &= nxt > thr
+        bad = torch.nonzero(~ok).squeeze(1)
+        if bad.numel():
+            # Not certified by the probe: re-rank, in float64, every token that the bound
+            # cannot exclude (s^ <= thr), a set that contains the true winner.
+            self.fallbacks += int(bad.numel())
+            # bfloat16 scores are exact in float32; round the threshold up so the set can only grow
+            t32 = thr[bad].to(torch.float32)
+            t32 = torch.where(t32.to(torch.float64) < thr[bad], torch.nextafter(t32, torch.full_like(t32, float("inf"))), t32)
+            row, col = torch.nonzero(sc[bad].to(torch.float32) <= t32[:, None], as_tuple=True)
+            ex = self._sq[col] - 2.0 * (self._mat[col].to(torch.float64) * x64[bad][row]).sum(1)
+            k, big = bad.numel(), torch.iinfo(torch.int64).max
+            rmin = torch.full((k,), float("inf"), dtype=torch.float64).scatter_reduce(0, row, ex, "amin")
+            tid = torch.where(ex == rmin[row], self._ids[col], big)
+            result[bad] = torch.full((k,), big, dtype=torch.int64).scatter_reduce(0, row, tid, "amin")
+        return result
 
 
 def naive_project(table: TokenTable, points) -> np.ndarray:
