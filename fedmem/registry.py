@@ -15,7 +15,7 @@ FAMILIES: dict[str, str] = {
     "dp": "fedmem.experiments.dp_demo",
     "federation": "fedmem.experiments.support_leak",
     "brace": "fedmem.experiments.brace",
-    "dpmind": "fedmem.agent.dpmind.experiment",
+    "dpmind": "fedmem.experiments.dpmind",
     "memview": "fedmem.experiments.memview",
     "flower": "fedmem.experiments.flower",
     "agents": "fedmem.experiments.agents",

@@ -30,6 +30,7 @@ PRIVACY_KEYS = {
     "agents.session": ["federation.sigma", "federation.delta", "federation.epsilon_budget",
                        "federation.total_epsilon_budget", "memview.cap", "memview.K", "brace.epsilon", "brace.delta",
                        "brace.budget_epsilon", "brace.budget_delta", "dpmind.epsilon"],
+    "dpmind.niah": ["privacy.mechanism", "privacy.epsilons"],
     "brace.synthetic": ["mechanism.epsilon", "mechanism.delta", "mechanism.gamma"],
     "brace.digits": ["grid.epsilons", "mechanism.delta", "mechanism.gamma"],
     "flower.support_leak": ["federation.dp", "federation.sigma", "federation.flower_sigma", "federation.flower_clip",

@@ -82,11 +82,10 @@ SCHEMA = {
                           check=positive),
     },
     "privacy": {
-        "mechanism": Param(str, "l2", "noise law: l2 = density exp(-eps ||z||_2) (guarantee eps ||a-b||_2); "
+        "mechanism": Param(str, help="required: noise law: l2 = density exp(-eps ||z||_2) (guarantee eps ||a-b||_2); "
                            "l1 = per-coordinate Laplace(1/eps) (guarantee eps ||a-b||_1)", choices=MECHANISMS),
-        "epsilons": Param(list, [50.0, 75.0, 100.0, 150.0, 200.0],
-                          "metric-DP epsilon per token (d_chi on the MiniLM table, in the metric of "
-                          "privacy.mechanism)", item_type=(int, float), check=nonempty_each(positive)),
+        "epsilons": Param(list, help="required: metric-DP epsilon per token (d_chi on the MiniLM table, in the "
+                          "metric of privacy.mechanism)", item_type=(int, float), check=nonempty_each(positive)),
     },
     "perturb": {
         "projection": Param(str, "cascade", "nearest-token search: cascade (bf16 candidates + exact re-rank), "
