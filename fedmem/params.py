@@ -135,8 +135,13 @@ def nonempty_each(check) -> Callable[[Any], str | None]:
 def knob(default, help: str, *, type=None, **param) -> Any:
     """A dataclass field whose :class:`Param` (type, default, bounds, help) lives in its metadata.
 
-    ``type`` defaults to the default's own type (``int``, ``float``, ``str``, ``bool``).
+    ``type`` defaults to the default's own type (``int``, ``float``, ``str``, ``bool``);
+    ``default=REQUIRED`` makes a field without a default (``type`` then given explicitly).
     """
+    if default is REQUIRED:
+        if type is None:
+            raise TypeError("knob(REQUIRED, ...) needs an explicit type")
+        return dataclasses.field(metadata={"param": Param(type, REQUIRED, help, **param)})
     t = type if type is not None else default.__class__
     return dataclasses.field(default=default, metadata={"param": Param(t, default, help, **param)})
 

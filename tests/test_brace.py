@@ -59,7 +59,7 @@ def test_paper_gamma_violates_eq8():
             BraceParams(r=1.0, T=3, epsilon=eps, delta=1e-5, d=2, gamma=0.25)
 
 
-@pytest.mark.parametrize("kw,match", [({"r": 0.0}, "r must be positive"), ({"T": 0}, "T must be >= 1"),
+@pytest.mark.parametrize("kw,match", [({"r": 0.0}, "r must be positive"), ({"T": 0}, "T must be positive"),
                                       ({"delta": 1.0}, "delta must be in the open interval"),
                                       ({"kappa": -1.0}, "kappa must be positive"),
                                       ({"epsilon": float("nan")}, "epsilon must be finite")])

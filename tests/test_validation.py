@@ -264,3 +264,21 @@ def test_federation_cross_field_rules_are_shared():
         FederationConfig(k_local=60)
     with pytest.raises(ScenarioError, match="federation.k_local: k_local=60 exceeds records_per_shard=50"):
         load_scenario(GATEWAY_SCENARIO, ["federation.k_local=60"])
+
+
+@pytest.mark.parametrize("name, value", [("r", 0.0), ("T", 0), ("epsilon", INF), ("delta", 1.0), ("kappa", -1.0)])
+def test_brace_params_and_scenario_reject_alike(name, value):
+    """BraceParams' knobs are the brace.synthetic [mechanism] keys: same value refused, same message."""
+    from fedmem.agent.brace.params import BraceParams
+    from fedmem.errors import ScenarioError
+    from fedmem.scenario import load_scenario
+
+    base = dict(r=0.8, T=5, epsilon=128.0, delta=1e-5, d=2, kappa=0.003)
+    with pytest.raises(ValueError) as api:
+        BraceParams(**{**base, name: value})
+    msg = str(api.value)
+    assert msg.startswith(f"{name} ")
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "brace_synthetic.toml"
+    with pytest.raises(ScenarioError) as sc:
+        load_scenario(path, [f"mechanism.{name}={value!r}"])
+    assert f"mechanism.{name}: {msg[len(name) + 1:]}" in str(sc.value)

@@ -27,6 +27,7 @@ from fedmem.agent.brace.mechanism import NoiseSource, brace_run
 from fedmem.agent.brace.params import GAMMA_MODES, NOT_DP_LABEL, PAPER_GAMMA_MODE, BraceParams, gamma_max
 from fedmem.agent.brace.instances import basin_boundary_start, make_mixture, unstable_start
 from fedmem.dp import samplers
+from fedmem.params import schema_of
 from fedmem.report import Result, Table
 from fedmem.scenario import Experiment, Param, at_least, each, nonempty_each, nonnegative, open_unit, positive
 
@@ -105,16 +106,14 @@ SYN_SCHEMA = {
         "sweep_points": Param(int, 25, "queries in the sweep", check=positive),
     },
     "mechanism": {
-        "r": Param(float, 0.8, "LSR radius r = sqrt(2/beta) (paper: 0.8, beta = 3.125)", check=positive),
-        "T": Param(int, 5, "retrieval horizon", check=positive),
-        "epsilon": Param(float, help="required: privacy epsilon of the whole trajectory (paper: 128)", check=positive),
-        "delta": Param(float, help="required: privacy delta (paper: 1e-5)", check=open_unit),
-        "kappa": Param(float, 0.003, "activation threshold kappa (Eq. (2)); the paper's instance activates "
-                                     "at ||R_2|| = 0.125, so kappa < 0.0049 at r = 0.8, T = 5", check=positive),
+        # r, T, epsilon, delta, kappa: BraceParams' own knobs (one source of truth)
+        **schema_of(BraceParams, drop=("d", "gamma_mode"), required=("epsilon", "delta"),
+                    defaults={"r": 0.8, "T": 5, "kappa": 0.003}),
         "gamma": Param(float, help="required: smoothing parameter; 0 = largest value allowed by Eq. (8)",
                        check=nonnegative),
         "gamma_mode": Param(str, "eq8", "'eq8' (default): only the DP setting; 'paper_0.25': also run BRACE "
-                            "with the paper's gamma = 0.25, reported as 'violates Eq. (8): not a DP guarantee'"),
+                            "with the paper's gamma = 0.25, reported as 'violates Eq. (8): not a DP guarantee'",
+                            choices=GAMMA_MODES),
         "certificate_bound": Param(str, "all", "activated-branch bound of the certificate: 'all' (default: the "
                                    "box CorrectedCountSearch, the clean-trajectory propagation and the annulus bound, "
                                    "combined by min), 'both' (before the search: propagation and annulus), 'box', "

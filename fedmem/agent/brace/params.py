@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from fedmem import _validate as V
 from fedmem.dp import ApproxDpEvent
+from fedmem.params import REQUIRED, check_knobs, knob, open_unit, positive
 from fedmem.dp import samplers
 
 
@@ -84,24 +85,21 @@ class BraceParams:
     from an inverse temperature with :meth:`from_beta` (``r = sqrt(2/beta)``).
     """
 
-    r: float
-    T: int
-    epsilon: float
-    delta: float
-    d: int
-    kappa: float = 128.0
+    r: float = knob(REQUIRED, "LSR radius r = sqrt(2/beta) (paper Sec. 6.1: 0.8, beta = 3.125)", type=float,
+                    check=positive)
+    T: int = knob(REQUIRED, "retrieval horizon", type=int, check=positive)
+    epsilon: float = knob(REQUIRED, "privacy epsilon of the whole trajectory (paper Sec. 6.1: 128)", type=float,
+                          check=positive)
+    delta: float = knob(REQUIRED, "privacy delta (paper: 1e-5)", type=float, check=open_unit)
+    d: int = knob(REQUIRED, "dimension of the memories", type=int, check=positive)
+    kappa: float = knob(128.0, "activation threshold kappa (Eq. (2)); Sec. 6.1's instance activates at ||R_2|| = "
+                        "0.125 (kappa < 0.0049 at r = 0.8, T = 5); Sec. 6.2 uses 128", check=positive)
     gamma: float | None = None
-    gamma_mode: str = "eq8"
+    gamma_mode: str = knob("eq8", "'eq8': gamma from Eq. (8) (DP); 'paper_0.25': the paper's gamma = 0.25 "
+                           "(violates Eq. (8): not a DP guarantee; comparison only)", choices=GAMMA_MODES)
 
     def __post_init__(self):
-        V.positive("r", self.r)
-        V.positive_int("T", self.T)
-        V.positive("epsilon", self.epsilon)
-        V.open_unit("delta", self.delta)
-        V.positive_int("d", self.d)
-        V.positive("kappa", self.kappa)
-        if self.gamma_mode not in GAMMA_MODES:
-            raise ValueError(f"gamma_mode must be one of {GAMMA_MODES}. Found {self.gamma_mode!r}.")
+        check_knobs(self)
         if self.gamma_mode == PAPER_GAMMA_MODE:
             if self.gamma is not None and self.gamma != PAPER_GAMMA:
                 raise ValueError(f"gamma_mode={PAPER_GAMMA_MODE!r} fixes gamma = {PAPER_GAMMA}. Found gamma={self.gamma!r}.")
