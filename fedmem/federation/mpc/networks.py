@@ -100,18 +100,29 @@ def _open_outputs(R, mask, vals, B: int, S: int, m: int, spec: SelectionSpec) ->
             total = part if total is None else total + part
         opened.append(total)
         names.append("sum")
+    for name, x in _support_outputs(mask, B, S, m, spec):
+        opened.append(x)
+        names.append(name)
+    return _decode_opened(names, R.round([("open", x) for x in opened]) if opened else [])
+
+
+def _support_outputs(mask, B: int, S: int, m: int, spec: SelectionSpec) -> list[tuple[str, object]]:
+    """Count and per-shard tallies of the selection: linear in the mask's shares (no communication);
+    ``mask`` is raw share tensors or a CrypTen ``MPCTensor``."""
+    out = []
     if "count" in spec.reveal:
-        opened.append(mask.sum(1))
-        names.append("count")
+        out.append(("count", mask.sum(1)))
     if "tallies" in spec.reveal:
-        opened.append(mask.view(B, S, m).sum(2))
-        names.append("tallies")
+        out.append(("tallies", mask.view(B, S, m).sum(2)))
+    return out
+
+
+def _decode_opened(names, plain) -> dict:
+    """Opened ring elements by name: the sum decoded from fixed point, count and tallies as integers."""
     out = {}
-    if opened:
-        plain = R.round([("open", x) for x in opened])
-        for name, x in zip(names, plain):
-            arr = x.numpy().astype(np.int64)
-            out[name] = decode(arr) if name == "sum" else arr
+    for name, x in zip(names, plain):
+        arr = x.numpy().astype(np.int64)
+        out[name] = decode(arr) if name == "sum" else arr
     return out
 
 
@@ -133,21 +144,11 @@ def _naive_program(scores, values, valid, m: int, spec: SelectionSpec, rank: int
         vals = MPCTensor.from_shares(values, precision=FRAC_BITS)
         opened.append(mask.unsqueeze(1).matmul(vals).squeeze(1))
         names.append("sum")
-    if "count" in spec.reveal:
-        opened.append(mask.sum(1))
-        names.append("count")
-    if "tallies" in spec.reveal:
-        opened.append(mask.view(B, S, m).sum(2))
-        names.append("tallies")
-    out = {}
-    if opened:
-        plain = ArithmeticSharedTensor.reveal_batch([x._tensor for x in opened])
-        if not isinstance(plain, (list, tuple)):
-            plain = [plain]
-        for name, x in zip(names, plain):
-            arr = x.numpy().astype(np.int64)
-            out[name] = decode(arr) if name == "sum" else arr
-    return out
+    for name, x in _support_outputs(mask, B, S, m, spec):
+        opened.append(x)
+        names.append(name)
+    plain = ArithmeticSharedTensor.reveal_batch([x._tensor for x in opened]) if opened else []
+    return _decode_opened(names, plain if isinstance(plain, (list, tuple)) else [plain])
 
 
 def _composite_keys(e, first: bool):
