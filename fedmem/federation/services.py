@@ -9,15 +9,13 @@ indirection so tests can substitute a deliberately broken federation with the sa
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 
 def federation_config(cfg):
-    """``FederationConfig`` from the ``[federation]`` section (keys it does not know are dropped)."""
-    from fedmem.federation.engine import FederationConfig
+    """``FederationConfig`` from the ``[federation]`` section, which is derived from its knobs
+    (``fedmem.params.schema_of``): every key is a field."""
+    from fedmem.federation.config import FederationConfig
 
-    names = {f.name for f in fields(FederationConfig)}
-    return FederationConfig(**{k: v for k, v in cfg.federation.to_dict().items() if k in names})
+    return FederationConfig(**cfg.federation.to_dict())
 
 
 def make_federation(config, data, *, accountant, rng, ray_address, parties=None):
