@@ -11,7 +11,7 @@ datasets (with and without one target record; it may search them offline) and mu
 which one the federation holds. An attack turns one *trial* (one or a few queries and
 what came back) into a score; :func:`fedmem.attacks.support.membership_report` turns
 the scores of both worlds into AUC (+CI), TPR at 1% FPR and a Clopper-Pearson epsilon
-lower bound, which :func:`verdict` compares with the epsilon booked for what the
+lower bound, which :func:`fedmem.attacks.verdict.judge` compares with the epsilon booked for what the
 adversary saw in one trial (:func:`booked_epsilon`).
 
 Attacks (names as in the reports):
@@ -236,14 +236,13 @@ def tolerance_boundary(n_bound: int, tolerance: int) -> Callable[[int, int], boo
 
 
 # ------------------------------------------------------------------ verdicts
-LEAKS = "LEAKS BEYOND BOOKED"
-WITHIN = "within booked"
+# One rule decides every verdict: :mod:`fedmem.attacks.verdict` (``judge`` / ``judge_counts``).
+from fedmem.attacks.verdict import LEAK as LEAKS, WITHIN  # noqa: E402  (thin aliases)
 
 
 def verdict(eps_lower: float, eps_booked: float, ceiling_violations: int = 0) -> str:
-    """``"within booked"`` or ``"LEAKS BEYOND BOOKED"``: an empirical lower bound above the
-    epsilon booked for what the adversary saw (with nothing booked: any positive bound), or
-    ROC points provably above the DP ceiling of the booked epsilon."""
+    """Thin alias kept for old callers: the label of :func:`fedmem.attacks.verdict.judge` when
+    only the bound is known (no power, no separation test). New code calls ``judge``."""
     if eps_lower > eps_booked + 1e-12 or ceiling_violations > 0:
         return LEAKS
     return WITHIN
