@@ -18,9 +18,13 @@ Pieces (Flower 1.42 legacy ``Strategy`` API + ``SecAggPlusWorkflow``):
   (papers/003's per-shard receipts, in plaintext to the server).
 * :class:`QueryStrategy`: sends round r's query in ``FitIns.config`` (bytes) with constant
   zero parameters, and turns SecAgg+'s aggregate into the mean over the replies (decoding
-  the exact integer sum under the fedmem contract, kept in ``fixed_sums``).
+  the exact integer sum under the fedmem contract, kept in ``fixed_sums``). Inside
+  fedmem's gateway with ``dp="fedmem"`` (``inner_of_gateway=True``) it receives the
+  gateway's one noised mean and returns it; ``aggregates`` records what it returned (its
+  view, an observer row of the Flower report).
 * :class:`Recorder`: the outermost wrapper, recording what the server strategy received
-  (reply set, num_examples, metrics) and what the wrapped strategy returned.
+  (reply set, num_examples, metrics, and under the fedmem contract the decoded exact
+  SecAgg+ sum: ``fixed_sum``) and what the wrapped strategy returned.
 
 The membership game's two neighbouring datasets are selected per round by
 ``config["world"]`` (the target shard holds the candidate record only in world 1): a
@@ -207,8 +211,12 @@ class QueryStrategy(Strategy):
     """
 
     def __init__(self, rounds, *, num_clients: int, value_dim: int, grid: SecAggGrid, contract: str,
-                 offset_units: int = 0):
+                 offset_units: int = 0, inner_of_gateway: bool = False):
         super().__init__()
+        # Under the fedmem contract every weight is the same public constant: the aggregate is the
+        # unweighted mean (what fedmem's gateway books for dp="flower").
+        self.fedmem_mean_aggregate = contract == "fedmem"
+        self.inner_of_gateway = bool(inner_of_gateway)
         self.rounds = list(rounds)
         self.num_clients = int(num_clients)
         self.value_dim = int(value_dim)
@@ -237,6 +245,9 @@ class QueryStrategy(Strategy):
             return None, {}
         # SecAggPlusWorkflow gives every result the same aggregate (the weighted mean).
         agg = parameters_to_ndarrays(results[0][1].parameters)[0].astype(np.float64)
+        if self.inner_of_gateway:      # the gateway's one noised mean: nothing to decode
+            self.aggregates[server_round] = agg.copy()
+            return ndarrays_to_parameters([agg]), {}
         if self.contract == "fedmem":
             fixed = self.grid.decode_mean(agg, len(results)) - self.offset_units * len(results)
             self.fixed_sums[server_round] = fixed
@@ -259,9 +270,11 @@ class QueryStrategy(Strategy):
 class Recorder(Strategy):
     """Outermost wrapper: records the server's view (inputs) and the released output of each fit round."""
 
-    def __init__(self, strategy: Strategy, log_sink: list | None = None):
+    def __init__(self, strategy: Strategy, log_sink: list | None = None, grid: SecAggGrid | None = None,
+                 offset_units: int = 0):
         super().__init__()
         self.strategy = strategy
+        self.grid, self.offset_units = grid, int(offset_units)   # grid: decode the exact SecAgg+ sum (fedmem contract)
         self.records: dict[int, dict] = {}
         self.log_sink = log_sink      # a list a logging handler appends to (Flower's warnings), or None
 
@@ -285,6 +298,9 @@ class Recorder(Strategy):
         rec["num_examples"] = [int(r.num_examples) for _, r in results]
         rec["metrics"] = [dict(r.metrics or {}) for _, r in results]
         rec["failures"] = len(failures)
+        if self.grid is not None and results:
+            agg = parameters_to_ndarrays(results[0][1].parameters)[0].astype(np.float64)
+            rec["fixed_sum"] = self.grid.decode_mean(agg, len(results)) - self.offset_units * len(results)
         rec["t_replied"] = time.perf_counter()
         n0 = len(self.log_sink) if self.log_sink is not None else 0
         params, metrics = self.strategy.aggregate_fit(server_round, results, failures)

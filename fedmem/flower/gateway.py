@@ -1,79 +1,81 @@
 """fedmem's support gateway as a Flower strategy wrapper (Flower 1.42, legacy ``Strategy`` API).
 
 Built the way Flower's DP wrappers are (``DifferentialPrivacyClientSideFixedClipping(
-strategy, ...)``): :class:`SupportGatewayStrategy` wraps any ``flwr.server.strategy.Strategy``
-and sits between what the Flower server sees in a round and what the strategy hands on
-(``aggregate_fit``'s return value: the parameters stored in the ServerApp's state, sent to
-clients next round, read by whoever consumes the run).
+strategy, ...)``): :class:`SupportGatewayStrategy` wraps a ``flwr.server.strategy.Strategy``
+and sits between what the Flower server receives in a fit round and what leaves it
+(``aggregate_fit``'s return value). The Message-API twin is
+:class:`fedmem.flower.message_api.GatewayStrategy`; both delegate every decision, the
+release and the booking to one :class:`fedmem.flower.core.GatewayCore`.
 
 **What the Flower server sees in a fit round** (``aggregate_fit`` arguments, also with
 ``SecAggPlusWorkflow``): the sampled node set, which nodes replied and which failed (the
-*reply set*; its size against ``num_sampled_clients``), every reply's ``num_examples`` and
-``metrics`` in plaintext, and the aggregate. Classified as fedmem channels
-(:class:`fedmem.federation.aggregator.Channel`):
+*reply set*), every reply's ``num_examples`` and ``metrics`` in plaintext, and the
+replies' vectors (with SecAgg+: every result carries the aggregate). Channels:
 
 =====================  ===========================================================  ============
 channel                when                                                          kind
 =====================  ===========================================================  ============
-``reply_set``          always: sampled by the client manager (data-independent);     public
-                       a reply set != sampled set is a fault and fails closed
-``num_examples``       ``public_num_examples`` declared (the client contract)         public
-                       not declared: per-client example counts (papers/003 receipts) exact
-``metrics:client``     ``public_metric_keys`` declared, or none sent                  public
-                       otherwise (per-client metrics are never forwarded anyway)     exact
+``reply_set``          sampled by the client manager (data-independent); a reply     public
+                       set != sampled set is a fault and fails closed
+``num_examples``       ``public_num_examples`` (required: the client contract)       public
+``metrics:client``     only ``public_metric_keys``; never forwarded                  public
 ``metrics:aggregated`` the inner strategy's aggregated metrics: never forwarded     (withheld)
-``value``              a DP mechanism is known (Flower's DP wrapper inside, or        dp
-                       fedmem's own noise: ``noise_multiplier=``)
-                       no DP mechanism                                                exact
+``value``              the release below                                             dp
 =====================  ===========================================================  ============
 
-**Decisions, from public state only** (``fedmem.federation.gateway.Gateway.decide``,
-reused): in ``configure_fit``, before any client computes, the round's plan (channels
-above, from the declared configuration) must be bookable and its DP event must fit the
-principal's and the total epsilon budget; else ``configure_fit`` returns ``[]`` (Flower
-cancels the round: "no clients selected"). A plan with an exact channel is refused in
-**every** round, so the refusal says nothing about the data. In ``aggregate_fit`` the
-round fails closed (``(None, {})``: no aggregate, nothing booked) on any fault or broken
-contract: failures, a reply set different from the sampled set, a ``num_examples`` other
-than the declared constant, an undeclared metric key, no aggregate from the inner strategy.
-Only then is the DP event booked (per principal and in total, one SQLite transaction,
-``Gateway.book`` / ``fedmem.dp.book_together``) and the aggregate returned; if booking
-fails (a concurrent writer spent the budget) the aggregate is dropped.
+**The wrapped strategy is post-processing** (``dp="fedmem"``, the default when
+``noise_multiplier`` is given). The wrapper itself computes the release whose sensitivity
+it books: the sum of the replies' vectors (unweighted; every weight is the public
+constant), plus exact discrete Gaussian noise of std ``noise_multiplier * sensitivity``
+on a public grid (``sampling="secure"``, :mod:`fedmem.dp.samplers`), divided by the public
+``num_sampled_clients``. Only this noised mean reaches the wrapped strategy, as **one**
+``FitRes`` (``num_examples = public_num_examples``, no metrics). FedAvg returns it,
+FedMedian of one value is that value, FedAdam takes a server step from it: whatever the
+wrapped strategy computes is a function of the booked release, so it cannot change the
+privacy cost, and its own view (what its ``aggregate_fit`` receives) is that release.
+(The previous wrapper handed the inner strategy the raw replies and noised its output at
+a mean's calibration: FedMedian inside it leaked, AUC 1.0.)
 
-**DP mechanism and what is booked.** ``dp="flower"``: the wrapped strategy is (or wraps)
-Flower's ``DifferentialPrivacyClientSideFixedClipping`` / ``ServerSideFixedClipping``:
-it adds ``N(0, (sigma_f C_f / m)^2)`` to the mean over ``m = num_sampled_clients``, i.e.
-noise ``sigma_f C_f`` on the sum; booked ``GaussianDpEvent(sigma_f C_f / sensitivity)``
-(``sensitivity`` defaults to ``C_f``: Flower's add/remove-one-client claim). That is right
-only when all ``m`` sampled clients replied with equal weights, which the contract checks
-enforce (Flower itself only *warns* when fewer replied: its noise is then too small for
-the mean it perturbs). ``dp="fedmem"``: this wrapper adds ``N(0, (sigma sensitivity /
-m)^2)`` to the inner strategy's mean from an injected ``numpy.random.Generator`` and books
-``GaussianDpEvent(sigma)``. ``sensitivity``: L2 change of one protected unit (a record) on
-the **sum** of the clients' vectors, declared by the client contract.
+**dp="flower"** (Flower's ``DifferentialPrivacy{Client,Server}SideFixedClipping`` inside):
+Flower adds ``N(0, (sigma_f C_f / m)^2)`` to the mean its inner strategy computes from the
+raw replies, with numpy's *float* sampler on the global RNG (not injectable; its low bits
+are not DP, Mironov 2012: reports label it "not DP (float sampler)"). The wrapper books
+``GaussianDpEvent(sigma_f C_f / sensitivity)``, which is right only if the strategy inside
+Flower's wrapper computes the unweighted mean: construction refuses anything else (only
+Flower's ``FedAvg`` itself, or a strategy declaring ``fedmem_mean_aggregate = True``).
+The strategy inside Flower's wrapper sees the exact replies (the server is trusted for the
+value there); prefer ``dp="fedmem"``.
 
-**What this cannot do in Flower 1.42** (docs/flower.md): the server process itself
-still sees the reply set, ``num_examples`` and metrics (the wrapper only decides what
-leaves the strategy) and, with ``SecAggPlusWorkflow``, the exact unmasked sum (central DP
-is added after unmasking); Flower's workflow logs ``received N results and F failures`` at
-INFO level (silence ``flwr`` logging in production); federated evaluation is not gated and
+**Decisions, from public state only**: ``configure_fit`` decides (plan bookable, budget
+fits) before any client computes; else it returns ``[]`` (Flower cancels the round).
+``aggregate_fit`` fails closed (``(None, {})``: nothing released, nothing booked) on any
+fault or broken contract: failures, a reply set different from the sampled set, a
+``num_examples`` other than the declared constant, an undeclared metric key. Only then is
+the release computed and the DP event booked (per principal and in total, one SQLite
+transaction); if booking fails the aggregate is dropped. Configuration that could never
+admit a round raises ``ValueError`` at construction (no ``public_num_examples``, no noise,
+a budget below one round).
+
+**What this cannot do in Flower 1.42** (docs/flower.md): the server process itself sees
+the reply set, ``num_examples``, metrics and, with ``SecAggPlusWorkflow``, the exact
+unmasked sum (central DP is added after unmasking); federated evaluation is not gated and
 is disabled by this wrapper (``configure_evaluate`` returns ``[]``).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 
-import dp_accounting
+
 import numpy as np
 from flwr.common import (
+    Code,
     EvaluateIns,
     EvaluateRes,
     FitIns,
     FitRes,
     Parameters,
     Scalar,
+    Status,
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
@@ -82,17 +84,20 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import (
     DifferentialPrivacyClientSideFixedClipping,
     DifferentialPrivacyServerSideFixedClipping,
+    FedAvg,
     Strategy,
 )
 
 from fedmem import _validate as V
 from fedmem.dp import Accountant
 from fedmem.errors import BudgetExceeded
-from fedmem.federation.aggregator import Channel, ReleasePlan
-from fedmem.federation.gateway import Gateway
+from fedmem.federation.aggregator import ReleasePlan
+from fedmem.flower.core import GatewayCore, RoundRecord
 
-DP_MODES = ("auto", "flower", "fedmem", "none")
+DP_MODES = ("auto", "flower", "fedmem")
 FLOWER_DP = (DifferentialPrivacyClientSideFixedClipping, DifferentialPrivacyServerSideFixedClipping)
+
+__all__ = ["SupportGatewayStrategy", "RoundRecord", "find_flower_dp", "DP_MODES"]
 
 
 def find_flower_dp(strategy):
@@ -107,20 +112,10 @@ def find_flower_dp(strategy):
     return None
 
 
-@dataclass
-class RoundRecord:
-    """Operator's audit record of one round (never returned to the querying side)."""
-
-    server_round: int
-    query_id: int | None
-    decision: str                     # "admitted" | "refused" | "fault"
-    reasons: tuple = ()
-    sampled: int = 0
-    replied: int = 0
-    failures: int = 0
-    epsilon_booked: float = 0.0
-    channels: tuple = ()
-    bookings: list = field(default_factory=list)
+def _is_mean_strategy(s) -> bool:
+    """Flower's own FedAvg (not a subclass: a subclass may aggregate differently), or a strategy
+    whose author declares ``fedmem_mean_aggregate = True`` (its aggregate is the unweighted mean)."""
+    return type(s) is FedAvg or getattr(s, "fedmem_mean_aggregate", False) is True
 
 
 class SupportGatewayStrategy(Strategy):
@@ -129,39 +124,34 @@ class SupportGatewayStrategy(Strategy):
     Parameters: ``strategy`` (the wrapped Flower strategy), ``accountant`` (fedmem
     :class:`~fedmem.dp.Accountant`: the total; per-principal accountants live in its store),
     ``num_sampled_clients`` (public m; every round must sample exactly m), ``dp``
-    (``"auto"``: Flower's DP wrapper if one is inside, else fedmem's if
-    ``noise_multiplier`` is given, else none), ``noise_multiplier`` and ``sensitivity``
-    (fedmem's noise), ``public_num_examples`` and ``public_metric_keys`` (the client
-    contract; None/empty leaves those channels exact), ``epsilon_budget`` /
-    ``total_epsilon_budget`` at ``delta`` (``math.inf`` disables), ``principal`` (the
-    querying identity the budgets are charged to; default: a fresh one), ``rng`` (fedmem's
-    noise; required for ``dp="fedmem"``).
+    (``"auto"``: Flower's DP wrapper if one is inside, else fedmem's), ``noise_multiplier``
+    and ``sensitivity`` (fedmem's release: noise std ``noise_multiplier * sensitivity`` on the
+    sum), ``public_num_examples`` (required) and ``public_metric_keys`` (the client contract),
+    ``epsilon_budget`` / ``total_epsilon_budget`` at ``delta`` (``math.inf`` disables),
+    ``principal`` (the querying identity the budgets are charged to; default: a fresh one),
+    ``rng`` (fedmem's noise; required for ``dp="fedmem"``), ``sampling`` (``"secure"``,
+    the default; ``"fast"`` is numpy's float sampler and not DP).
     """
 
     def __init__(self, strategy: Strategy, accountant: Accountant, *, num_sampled_clients: int,
                  dp: str = "auto", noise_multiplier: float | None = None, sensitivity: float | None = None,
                  public_num_examples: int | None = None, public_metric_keys=(),
                  epsilon_budget: float = 10.0, total_epsilon_budget: float = 100.0, delta: float = 1e-6,
-                 principal: str | None = None, rng: np.random.Generator | None = None) -> None:
+                 principal: str | None = None, rng: np.random.Generator | None = None,
+                 sampling: str = "secure") -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
-            raise TypeError(f"strategy must be a flwr.server.strategy.Strategy. Found {type(strategy).__name__}.")
+            hint = (" (a Message-API strategy: use fedmem.flower.GatewayStrategy)"
+                    if type(strategy).__module__.startswith("flwr.serverapp") else "")
+            raise TypeError(f"strategy must be a flwr.server.strategy.Strategy{hint}. "
+                            f"Found {type(strategy).__name__}.")
         self.strategy = strategy
-        self.num_sampled_clients = V.positive_int("num_sampled_clients", num_sampled_clients, minimum=1)
         if dp not in DP_MODES:
             raise ValueError(f"dp must be one of {DP_MODES}. Found {dp!r}.")
-        if public_num_examples is not None:
-            public_num_examples = V.positive_int("public_num_examples", public_num_examples, minimum=1)
-        self.public_num_examples = public_num_examples
-        if isinstance(public_metric_keys, str):
-            raise ValueError(f"public_metric_keys must be a collection of names. Found {public_metric_keys!r}.")
-        self.public_metric_keys = frozenset(public_metric_keys)
-        self.delta = V.open_unit("delta", delta)
         flower_dp = find_flower_dp(strategy)
         if dp == "auto":
-            dp = "flower" if flower_dp is not None else ("fedmem" if noise_multiplier is not None else "none")
+            dp = "flower" if flower_dp is not None else "fedmem"
         self.dp = dp
-        self.rng = rng
         if dp == "flower":
             if flower_dp is None:
                 raise ValueError("dp='flower' needs a Flower DifferentialPrivacy*FixedClipping wrapper inside "
@@ -169,57 +159,60 @@ class SupportGatewayStrategy(Strategy):
             if noise_multiplier is not None:
                 raise ValueError(f"noise_multiplier must be None with dp='flower' (Flower's wrapper adds the noise). "
                                  f"Found {noise_multiplier!r}.")
-            if flower_dp.num_sampled_clients != self.num_sampled_clients:
+            if not _is_mean_strategy(flower_dp.strategy):
+                raise ValueError(
+                    f"strategy: dp='flower' books Flower's noise for an unweighted mean, but the strategy inside "
+                    f"Flower's DP wrapper is {type(flower_dp.strategy).__name__}, whose sensitivity this wrapper "
+                    f"cannot book. Fix: use dp='fedmem' (the wrapper noises the sum itself and any strategy is "
+                    f"post-processing), or put Flower's FedAvg inside Flower's DP wrapper.")
+            if flower_dp.num_sampled_clients != num_sampled_clients:
                 raise ValueError(f"num_sampled_clients must equal the Flower DP wrapper's "
                                  f"({flower_dp.num_sampled_clients}). Found {num_sampled_clients!r}.")
+            if float(flower_dp.noise_multiplier) <= 0:
+                raise ValueError(f"noise_multiplier of Flower's DP wrapper must be positive (no noise: every round "
+                                 f"would be refused). Found {flower_dp.noise_multiplier!r}.")
             sens = float(flower_dp.clipping_norm) if sensitivity is None else V.positive("sensitivity", sensitivity)
             # Flower: N(0, (sigma_f C_f / m)^2) on the mean of m equal-weight replies = sigma_f C_f on the sum.
-            self.noise_std_on_sum = float(flower_dp.noise_multiplier) * float(flower_dp.clipping_norm)
-            self.sensitivity = sens
-            self.multiplier = self.noise_std_on_sum / sens if self.noise_std_on_sum > 0 else 0.0
-        elif dp == "fedmem":
-            self.multiplier = V.positive("noise_multiplier", noise_multiplier)
-            if sensitivity is None:
-                raise ValueError("sensitivity must be given with dp='fedmem' (L2 change of one unit on the sum). "
-                                 "Found None.")
-            self.sensitivity = V.positive("sensitivity", sensitivity)
-            self.noise_std_on_sum = self.multiplier * self.sensitivity
-            V.rng_check("rng", rng)
+            mult = float(flower_dp.noise_multiplier) * float(flower_dp.clipping_norm) / sens
+            sampling = "fast"    # numpy's float sampler inside Flower (not DP in its low bits)
+            mode = "external"
         else:
-            if noise_multiplier is not None:
-                raise ValueError(f"noise_multiplier must be None with dp='none'. Found {noise_multiplier!r}.")
-            self.multiplier, self.sensitivity, self.noise_std_on_sum = 0.0, sensitivity, 0.0
-        self.gateway = Gateway(accountant, enabled=True, epsilon_budget=epsilon_budget,
-                               total_epsilon_budget=total_epsilon_budget, delta=self.delta,
-                               support_budget_bits=math.inf, total_support_budget_bits=math.inf)
-        self.principal = principal if principal is not None else self.gateway.new_principal()
-        self.plan = self.round_plan()
-        self.audit: list[RoundRecord] = []
-        self._open: dict[int, tuple] = {}      # server_round -> (decision, sampled node ids)
+            mult, sens, mode = noise_multiplier, sensitivity, "fedmem"
+        self.core = GatewayCore(accountant, num_sampled_clients=num_sampled_clients, noise_multiplier=mult,
+                                sensitivity=sens, public_num_examples=public_num_examples,
+                                public_metric_keys=public_metric_keys, epsilon_budget=epsilon_budget,
+                                total_epsilon_budget=total_epsilon_budget, delta=delta, principal=principal,
+                                rng=rng, sampling=sampling, mode=mode, label="flower")
 
-    # ------------------------------------------------------------------ plan (public)
+    # ------------------------------------------------------------------ the core's state, by name
+    gateway = property(lambda self: self.core.gateway)
+    principal = property(lambda self: self.core.principal)
+    audit = property(lambda self: self.core.audit)
+    plan = property(lambda self: self.core.plan)
+    multiplier = property(lambda self: self.core.multiplier)
+    sensitivity = property(lambda self: self.core.sensitivity)
+    num_sampled_clients = property(lambda self: self.core.num_sampled_clients)
+    public_num_examples = property(lambda self: self.core.public_num_examples)
+    public_metric_keys = property(lambda self: self.core.public_metric_keys)
+    delta = property(lambda self: self.core.delta)
+    sampling = property(lambda self: self.core.sampling)
+    rng = property(lambda self: self.core.rng)
+
+    @property
+    def noise_std_on_sum(self) -> float:
+        return self.core.noise_std_on_sum
+
+    @noise_std_on_sum.setter
+    def noise_std_on_sum(self, value: float) -> None:
+        self.core.noise_std_on_sum = float(value)
+
     def round_plan(self) -> ReleasePlan:
-        """Channels of every fit round, from the declared configuration alone."""
-        chans = [Channel("reply_set", "public", True)]
-        chans.append(Channel("num_examples", "public" if self.public_num_examples is not None else "exact", True))
-        # Per-client metrics: only declared data-independent keys are allowed (anything else is a broken
-        # contract and fails the round closed); they are never forwarded.
-        chans.append(Channel("metrics:client", "public", True))
-        if self.multiplier > 0:
-            chans.append(Channel("value", "dp", False, dp_accounting.GaussianDpEvent(self.multiplier)))
-        else:
-            chans.append(Channel("value", "exact", False))
-        return ReleasePlan(tuple(chans), "flower", "public" if self.public_num_examples is not None else "exact",
-                           self.multiplier if self.multiplier > 0 else None)
+        return self.core.round_plan()
 
     @property
     def epsilon_per_round(self) -> float:
         """Epsilon at ``delta`` of one admitted round (the accountant's, for one event)."""
-        if not self.plan.bookable:
-            return math.inf
-        acc = Accountant(self.gateway.accountant.kind)
-        acc.book(self.plan.event(), "probe")
-        return acc.spent(self.delta)
+        return self.core.epsilon_per_round
 
     def __repr__(self) -> str:
         return (f"SupportGatewayStrategy(strategy={self.strategy!r}, dp={self.dp!r}, multiplier={self.multiplier:.4g}, "
@@ -245,55 +238,35 @@ class SupportGatewayStrategy(Strategy):
     # ------------------------------------------------------------------ fit round
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        self._drop(server_round)
-        qid = self.gateway.register(self.principal, [f"round{server_round}"], [None])[0]
-        decision = self.gateway.decide(qid, self.principal, f"round{server_round}", None, {"primary": self.plan})
+        decision = self.core.decide(server_round)
         if not decision.admitted:
-            self.gateway.clear_pending()
-            self.audit.append(RoundRecord(server_round, qid, "refused", decision.reasons))
             return []
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
         if len(instructions) != self.num_sampled_clients:
-            self.gateway.clear_pending()
-            self.audit.append(RoundRecord(server_round, qid, "refused", ("sampled_count",),
-                                          sampled=len(instructions)))
+            self.core.refuse(server_round, decision, ("sampled_count",), sampled=len(instructions))
             return []
-        self._open[server_round] = (decision, {proxy.node_id for proxy, _ in instructions})
+        self.core.open(server_round, decision, [proxy.node_id for proxy, _ in instructions])
         return instructions
 
-    def _drop(self, server_round: int) -> None:
-        """Close every round still open at ``server_round``'s start: its ``aggregate_fit`` never came
-        (e.g. ``SecAggPlusWorkflow`` halted for lack of shares). Nothing was released or booked for
-        it; it is logged as a fault and its pending charge is released."""
-        stale = [r for r in self._open if r <= server_round]
-        for r in stale:
-            decision, sampled = self._open.pop(r)
-            if r < server_round:
-                self.audit.append(RoundRecord(r, decision.query_id, "fault", ("no_aggregate_fit",),
-                                              sampled=len(sampled)))
-        if stale:
-            self.gateway.clear_pending()
-
     def _contract_faults(self, sampled: set, results, failures) -> list[str]:
-        reasons = []
-        if failures:
-            reasons.append("failures")
-        replied = [proxy.node_id for proxy, _ in results]
-        if set(replied) != sampled or len(replied) != len(sampled):
-            reasons.append("reply_set")
-        for _, res in results:
-            if self.public_num_examples is not None and res.num_examples != self.public_num_examples:
-                reasons.append("num_examples")
-                break
-        for _, res in results:
-            if set(res.metrics or {}) - self.public_metric_keys:
-                reasons.append("metrics:client")
-                break
-        return reasons
+        shapes = [[a.shape for a in parameters_to_ndarrays(res.parameters)] for _, res in results]
+        return self.core.contract_faults(sampled, [p.node_id for p, _ in results],
+                                         [res.num_examples for _, res in results],
+                                         [(res.metrics or {}).keys() for _, res in results], shapes, len(failures))
+
+    def _inner_aggregate(self, server_round: int, results, failures):
+        """The wrapped strategy's aggregate. dp='fedmem': the core's noised mean, handed to the
+        wrapped strategy as ONE FitRes (post-processing). dp='flower': Flower's DP wrapper
+        aggregates the replies and adds its noise."""
+        if self.dp == "flower":
+            return self.strategy.aggregate_fit(server_round, results, failures)
+        noised = self.core.release([parameters_to_ndarrays(res.parameters) for _, res in results])
+        one = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(noised), self.public_num_examples, {})
+        return self.strategy.aggregate_fit(server_round, [(results[0][0], one)], [])
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures) -> tuple[Parameters | None, dict[str, Scalar]]:
-        opened = self._open.pop(server_round, None)
+        opened = self.core.take(server_round)
         if opened is None:        # refused in configure_fit (or never configured): nothing leaves
             return None, {}
         decision, sampled = opened
@@ -305,23 +278,17 @@ class SupportGatewayStrategy(Strategy):
             if reasons:
                 rec.reasons = tuple(reasons)
                 return None, {}
-            params, _withheld_metrics = self.strategy.aggregate_fit(server_round, results, failures)
+            params, _withheld_metrics = self._inner_aggregate(server_round, results, failures)
             if params is None:
                 rec.reasons = ("no_aggregate",)
                 return None, {}
-            if self.dp == "fedmem":
-                arrays = parameters_to_ndarrays(params)
-                std = self.noise_std_on_sum / self.num_sampled_clients
-                arrays = [np.asarray(a, dtype=np.float64) + self.rng.normal(0.0, std, size=np.shape(a))
-                          for a in arrays]
-                params = ndarrays_to_parameters(arrays)
             try:
-                rec.bookings = self.gateway.book(decision, self.plan, f"flower round {server_round}")
+                self.core.book(server_round, decision, rec)
             except BudgetExceeded:
                 rec.reasons = ("epsilon_budget",)
                 return None, {}
-            rec.decision = "admitted"
-            rec.epsilon_booked = self.gateway.principal_spent(self.principal)
             return params, {}
         finally:
-            self.gateway.clear_pending()
+            self.core.close()
+
+

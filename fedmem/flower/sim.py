@@ -18,8 +18,6 @@ reopen). Deployments (``spec["deployment"]``):
 * ``"gateway"``: the same plus :class:`~fedmem.flower.gateway.SupportGatewayStrategy`
   outside it and the fedmem client contract; ``spec["dp"]`` selects Flower's DP wrapper
   (``"flower"``) or fedmem's noise (``"fedmem"``).
-* ``"gateway_stock_clients"``: the gateway in front of stock clients (it must refuse
-  every round: ``num_examples`` is an exact channel).
 * ``"plain"``: SecAgg+ only, fedmem contract, no DP and no gateway (for the bit-exact test).
 
 Faults (``spec``): ``drops`` ({partition id: [rounds]}) clients raise in ``fit`` (the
@@ -42,7 +40,7 @@ import traceback
 
 import numpy as np
 
-DEPLOYMENTS = ("stock", "gateway", "gateway_stock_clients", "plain")
+DEPLOYMENTS = ("stock", "gateway", "plain")
 
 
 def _check(spec: dict) -> None:
@@ -109,21 +107,21 @@ def _run(spec: dict) -> dict:
     dep = spec["deployment"]
     grid = SecAggGrid(spec["clipping_range"])
     m = spec["shards"]
-    contract = "stock" if dep in ("stock", "gateway_stock_clients") else "fedmem"
+    contract = "stock" if dep == "stock" else "fedmem"
     rounds = [{"query": np.asarray(r["query"]), "world": r.get("world", 0), "target": r.get("target", -1)}
               for r in spec["rounds"]]
-    flower_dp = dep == "stock" or (dep == "gateway" and spec["dp"] == "flower") or dep == "gateway_stock_clients"
+    flower_dp = dep == "stock" or (dep == "gateway" and spec["dp"] == "flower")
     offset = 1 if flower_dp else 0
     query = QueryStrategy(rounds, num_clients=m, value_dim=spec["value_dim"], grid=grid, contract=contract,
-                          offset_units=offset)
+                          offset_units=offset, inner_of_gateway=dep == "gateway" and spec["dp"] == "fedmem")
     inner = query
     if flower_dp:
         inner = DifferentialPrivacyClientSideFixedClipping(query, noise_multiplier=spec["flower_sigma"],
                                                            clipping_norm=spec["flower_clip"], num_sampled_clients=m)
     gw = None
-    if dep in ("gateway", "gateway_stock_clients"):
+    if dep == "gateway":
         acc = Accountant(spec.get("accountant", "rdp"), store=DurableStore(spec["ledger"]), name=spec["ledger_name"])
-        kw = dict(num_sampled_clients=m, public_num_examples=spec["k_local"] if contract == "fedmem" else None,
+        kw = dict(num_sampled_clients=m, public_num_examples=spec["k_local"],
                   epsilon_budget=spec["epsilon_budget"], total_epsilon_budget=spec["total_epsilon_budget"],
                   delta=spec["delta"], sensitivity=spec["sensitivity"])
         if flower_dp:
@@ -133,7 +131,7 @@ def _run(spec: dict) -> dict:
                                         rng=np.random.default_rng(spec["noise_seed"]), **kw)
         inner = gw
     warn = _Warnings()
-    top = Recorder(inner, log_sink=warn.messages)
+    top = Recorder(inner, log_sink=warn.messages, grid=grid if contract == "fedmem" else None, offset_units=offset)
 
     logging.getLogger("flwr").addHandler(warn)
     server_app = ServerApp()
@@ -164,7 +162,9 @@ def _run(spec: dict) -> dict:
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=m, backend_config=backend)
     wall = time.perf_counter() - t0
     logging.getLogger("flwr").removeHandler(warn)
-    out = {"records": [top.records[k] for k in sorted(top.records)], "fixed_sums": query.fixed_sums,
+    # The exact SecAgg+ sums the server decoded, for the rounds whose aggregate was released (fedmem contract).
+    fixed = {k: r["fixed_sum"] for k, r in top.records.items() if "fixed_sum" in r and r.get("output") is not None}
+    out = {"records": [top.records[k] for k in sorted(top.records)], "fixed_sums": fixed,
            "aggregates": query.aggregates, "wall_s": wall, "gateway": None, "flwr_warnings": [w.splitlines()[0][:300] for w in warn.messages if w],
            "noise_std_on_mean": None}
     if flower_dp:   # what Flower's wrapper adds to the mean: N(0, (sigma_f C_f / num_sampled_clients)^2)
@@ -174,6 +174,7 @@ def _run(spec: dict) -> dict:
     if gw is not None:
         out["gateway"] = {"audit": [r.__dict__ for r in gw.audit], "principal": gw.principal,
                           "multiplier": gw.multiplier, "epsilon_per_round": gw.epsilon_per_round,
+                          "sampling": gw.sampling,
                           "spent": gw.gateway.principal_spent(gw.principal),
                           "total_spent": gw.gateway.accountant.spent(spec["delta"]) if gw.gateway.accountant.count
                           else 0.0}
