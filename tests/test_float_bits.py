@@ -40,13 +40,10 @@ def _game(mech, sampling, noise, n_trials, d, rng, model_sampling=None):
     s_out, s_in = base, base + target
     scale = mech.sigma if noise == "gaussian" else mech.scale
     model = FB.model_for(noise, model_sampling or sampling, scale)
-    pos, neg = [], []
-    for _ in range(n_trials):
-        v_in = mech.release(s_in, rng, sampling=sampling) / denom
-        v_out = mech.release(s_out, rng, sampling=sampling) / denom
-        pos.append(FB.release_score(v_in, s_in, s_out, denom, model))
-        neg.append(FB.release_score(v_out, s_in, s_out, denom, model))
-    return np.array(pos), np.array(neg)
+    v_in = np.array([mech.release(s_in, rng, sampling=sampling) / denom for _ in range(n_trials)])
+    v_out = np.array([mech.release(s_out, rng, sampling=sampling) / denom for _ in range(n_trials)])
+    return (FB.release_scores(v_in, s_in, s_out, denom, model),
+            FB.release_scores(v_out, s_in, s_out, denom, model))
 
 
 @pytest.mark.parametrize("noise", ["gaussian", "laplace"])
@@ -55,11 +52,12 @@ def test_fast_sampler_caught_secure_passes_same_test(noise):
     eps = 1.0
     mech = (GaussianMechanism.from_noise_multiplier(2.4, 1.0) if noise == "gaussian"
             else LaplaceMechanism.calibrate(eps, l1_sensitivity=1.0))
-    booked = eps if noise == "laplace" else mech.epsilon(1e-5)
-    fast = judge(*_game(mech, "fast", noise, 24, 16, rng), booked)
-    secure = judge(*_game(mech, "secure", noise, 24, 16, rng), booked)
+    booked, delta = (eps, 0.0) if noise == "laplace" else (mech.epsilon(1e-5), 1e-5)
+    d = 16 if noise == "laplace" else 64     # the ziggurat's neighbour is inconsistent on ~10% of coords
+    fast = judge(*_game(mech, "fast", noise, 24, d, rng), booked, delta)
+    secure = judge(*_game(mech, "secure", noise, 24, d, rng), booked, delta)
     assert fast.label == "LEAK" and fast.ceiling_crossed, fast
     assert secure.label != "LEAK", secure
     # the float model itself, run against secure outputs, separates nothing either
-    mis = judge(*_game(mech, "secure", noise, 24, 16, rng, model_sampling="fast"), booked)
+    mis = judge(*_game(mech, "secure", noise, 24, d, rng, model_sampling="fast"), booked, delta)
     assert mis.label != "LEAK", mis

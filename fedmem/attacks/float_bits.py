@@ -49,7 +49,7 @@ import numpy as np
 from fedmem import _validate as V
 from fedmem.attacks import _ziggurat_tables as _Z
 
-__all__ = ["FloatModel", "model_for", "consistent", "release_score", "reachable_noise",
+__all__ = ["FloatModel", "model_for", "consistent", "release_score", "release_scores", "reachable_noise",
            "replay_standard_normal", "replay_laplace", "MODELS"]
 
 MODELS = ("laplace", "gaussian", "grid")
@@ -214,6 +214,16 @@ def reachable_noise(z, model: FloatModel) -> np.ndarray:
     """Is each float ``z`` an output of ``model``'s noise sampler? (offset 0, denominator 1)."""
     z = V.finite_array("z", z, ndim=1)
     return consistent(z, np.zeros_like(z), 1.0, model)
+
+
+def release_scores(values, offset_in, offset_out, denom: float, model: FloatModel) -> np.ndarray:
+    """:func:`release_score` of many releases at once (rows of ``values``; offsets broadcast)."""
+    vals = V.finite_array("values", values, ndim=2)
+    a_in = np.broadcast_to(np.asarray(offset_in, dtype=np.float64), vals.shape)
+    a_out = np.broadcast_to(np.asarray(offset_out, dtype=np.float64), vals.shape)
+    bad_out = ~consistent(vals.ravel(), a_out.ravel(), denom, model).reshape(vals.shape)
+    bad_in = ~consistent(vals.ravel(), a_in.ravel(), denom, model).reshape(vals.shape)
+    return (bad_out.sum(axis=1) - bad_in.sum(axis=1)).astype(np.float64)
 
 
 def release_score(v, offset_in, offset_out, denom: float, model: FloatModel) -> float:
