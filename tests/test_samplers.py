@@ -64,20 +64,20 @@ def tally(values) -> dict:
 # ------------------------------------------------------------------- fast samplers
 @pytest.mark.parametrize("which", RNGS)
 def test_fast_gaussian_matches_normal(which):
-    x = GaussianMechanism(sigma=2.5).noise((4000, 5), RNGS[which](1))
+    x = GaussianMechanism(sigma=2.5).noise((4000, 5), RNGS[which](1), sampling="fast")
     assert x.shape == (4000, 5)
     assert stats.kstest(x.ravel(), stats.norm(0, 2.5).cdf).pvalue > ALPHA
 
 
 @pytest.mark.parametrize("which", RNGS)
 def test_fast_laplace_matches_laplace(which):
-    x = LaplaceMechanism(scale=0.7).noise(20_000, RNGS[which](2))
+    x = LaplaceMechanism(scale=0.7).noise(20_000, RNGS[which](2), sampling="fast")
     assert stats.kstest(x, stats.laplace(0, 0.7).cdf).pvalue > ALPHA
 
 
 def test_fast_sampler_detects_wrong_scale():
     """The same KS check rejects a sampler at 10% too little noise (the test has power)."""
-    x = GaussianMechanism(sigma=2.25).noise(20_000, np_rng(3))
+    x = GaussianMechanism(sigma=2.25).noise(20_000, np_rng(3), sampling="fast")
     assert stats.kstest(x, stats.norm(0, 2.5).cdf).pvalue < ALPHA
 
 
@@ -273,3 +273,194 @@ def test_rounding_slack_is_an_upper_bound():
         assert r * r >= d
         if math.isqrt(d) ** 2 == d:
             assert r * r == d
+
+
+# ------------------------------------------------- vectorised exact samplers (numpy)
+def _dgauss_pmf_ts(t: int, s: int, lim: int) -> dict:
+    return _dgauss_pmf((t / s) ** 2, lim)
+
+
+def _dlap_pmf_ts(t: int, s: int, lim: int) -> dict:
+    return _dlap_pmf(t / s, lim)
+
+
+# (t, s): scale t/s in grid units. Small ones exercise every branch of the integer code
+# (y = X // s rounding, the rejected (negative, 0), acceptance exponents >= 1); the last is
+# the size the default grid gives (t ~ 2**20, via _scale_ratio).
+VEC_RATIOS = [(1, 1), (3, 2), (7, 3), (1, 4), (20, 1)]
+
+
+@pytest.mark.parametrize("which", RNGS)
+@pytest.mark.parametrize("t,s", VEC_RATIOS)
+def test_vectorised_discrete_gaussian_is_the_cks_pmf(which, t, s):
+    src = samplers._Words(RNGS[which](30))
+    y = samplers.discrete_gaussian_ints(t, s, 60_000, src)
+    assert y.dtype == np.int64 and y.shape == (60_000,)
+    assert chi2_pvalue(tally(y), _dgauss_pmf_ts(t, s, 300)) > ALPHA
+
+
+@pytest.mark.parametrize("which", RNGS)
+@pytest.mark.parametrize("t,s", VEC_RATIOS)
+def test_vectorised_discrete_laplace_is_the_cks_pmf(which, t, s):
+    src = samplers._Words(RNGS[which](31))
+    y = samplers.discrete_laplace_ints(t, s, 60_000, src)
+    assert chi2_pvalue(tally(y), _dlap_pmf_ts(t, s, 600)) > ALPHA
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "laplace"])
+def test_vectorised_pmf_check_has_power(kind):
+    """The same chi-square check rejects a 5% wrong scale (3.15 drawn, 3 claimed)."""
+    src = samplers._Words(np_rng(32))
+    if kind == "gaussian":
+        y = samplers.discrete_gaussian_ints(63, 20, 60_000, src)
+        assert chi2_pvalue(tally(y), _dgauss_pmf_ts(3, 1, 300)) < ALPHA
+    else:
+        y = samplers.discrete_laplace_ints(63, 20, 60_000, src)
+        assert chi2_pvalue(tally(y), _dlap_pmf_ts(3, 1, 600)) < ALPHA
+
+
+def _two_sample_pvalue(a, b) -> float:
+    """Chi-square test of homogeneity; cells with fewer than 10 pooled counts are merged."""
+    ca, cb = tally(a), tally(b)
+    keys = sorted(set(ca) | set(cb))
+    rows, pool = [], [0, 0]
+    for k in keys:
+        x, y = ca.get(k, 0), cb.get(k, 0)
+        if x + y >= 10:
+            rows.append([x, y])
+        else:
+            pool[0] += x
+            pool[1] += y
+    if sum(pool):
+        rows.append(pool)
+    return float(stats.chi2_contingency(np.array(rows).T)[1])
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "laplace"])
+def test_vectorised_matches_the_python_reference(kind):
+    """Same law as the original one-draw-at-a-time sampler (engine="python") at the same
+    scale: a homogeneity test on 20k draws each."""
+    units = Fraction(5, 2)
+    a = samplers._discrete_ints(kind, units, 20_000, np_rng(33), engine="python")
+    b = samplers._discrete_ints(kind, units, 20_000, np_rng(34))
+    assert _two_sample_pvalue(a, b) > ALPHA
+    c = samplers._discrete_ints(kind, Fraction(2), 20_000, np_rng(35))   # power: 20% less noise
+    assert _two_sample_pvalue(a, c) < ALPHA
+
+
+def test_exp_table_is_certified():
+    """floor(exp(-j) 2**L) agrees with an independent 300-digit decimal computation."""
+    import decimal
+
+    ctx = decimal.Context(prec=300)
+    for j in [1, 2, 3, 10, 44, 45, 64, 100]:
+        for bits in [64, 128, 192]:
+            scaled = ctx.multiply(ctx.exp(decimal.Decimal(-j)), decimal.Decimal(2 ** bits))
+            ref = int(scaled.to_integral_value(rounding=decimal.ROUND_FLOOR))
+            assert samplers._exp_neg_floor(j, bits) == ref, (j, bits)
+    assert samplers._exp_neg_floor(0, 64) == 2 ** 64
+    table = samplers._table()
+    assert table.dtype == np.uint64 and table.size == 64 and int(table[44]) == 0 and int(table[43]) == 1
+
+
+@pytest.mark.parametrize("j", [1, 3])
+def test_tie_on_the_first_digit_reads_further_digits(j):
+    """A uniform real whose first base-2**64 digit equals floor(exp(-j) 2**64) is below
+    exp(-j) with probability frac(exp(-j) 2**64): the tie path is exact (binomial test)."""
+    bits = samplers._Bits(np_rng(36))
+    c = samplers._exp_neg_floor(j, 64)
+    frac = samplers._exp_neg_floor(j, 128) - (c << 64)      # frac * 2**64
+    p = frac / 2 ** 64
+    n = 4000
+    k = sum(samplers._LazyUniform(c, bits).below_exp_neg(j) for _ in range(n))
+    assert stats.binomtest(k, n, p).pvalue > ALPHA
+
+
+def test_geometric_tie_paths():
+    """Words equal to a table entry (or 0) go through the exact digit-by-digit path:
+    w = C_1 gives V in {0, 1}; w = 0 (U < 2**-64) gives V >= 44 with P[V >= 45] = exp(-45) 2**64."""
+    src = samplers._Words(np_rng(37))
+    c1 = samplers._table()[0]
+    v = src.geometric_e(np.full(3000, c1, dtype=np.uint64))
+    assert set(np.unique(v)) <= {0, 1}
+    p1 = (samplers._exp_neg_floor(1, 128) - (int(c1) << 64)) / 2 ** 64
+    assert stats.binomtest(int(v.sum()), v.size, p1).pvalue > ALPHA
+    v0 = src.geometric_e(np.zeros(2000, dtype=np.uint64))
+    assert v0.min() >= 44
+    assert stats.binomtest(int((v0 >= 45).sum()), v0.size, math.exp(-45) * 2 ** 64).pvalue > ALPHA
+    # and the table path: P[V >= v] = exp(-v)
+    w = src.words(200_000)
+    vv = src.geometric_e(w)
+    for k in (1, 2, 4):
+        assert stats.binomtest(int((vv >= k).sum()), vv.size, math.exp(-k)).pvalue > ALPHA
+
+
+def test_bernoulli_exp_integer_and_fraction():
+    src = samplers._Words(np_rng(38))
+    n = 100_000
+    for j in (0, 1, 2):
+        k = int(src.bern_exp_int(np.full(n, j, dtype=np.int64)).sum())
+        assert stats.binomtest(k, n, math.exp(-j)).pvalue > ALPHA
+    for r, den in ((0, 7), (3, 10), (10, 10), (5, 2 ** 45 + 3)):
+        k = int(src.bern_exp_frac(np.full(n, r, dtype=np.int64), den).sum())
+        assert stats.binomtest(k, n, math.exp(-r / den)).pvalue > ALPHA
+
+
+def test_uniform_below_on_bit_fields():
+    src = samplers._Words(np_rng(39))
+    for n in (2, 3, 6, 7, 1000, 2 ** 40 + 1):
+        u = src.below(n, 30_000)
+        assert u.min() >= 0 and u.max() < n and u.dtype == np.int64
+        if n <= 1000:
+            assert chi2_pvalue(tally(u), {i: 1 / n for i in range(n)}) > ALPHA
+        else:   # top and bottom half equally likely
+            assert stats.binomtest(int((u < n // 2).sum()), u.size, (n // 2) / n).pvalue > ALPHA
+
+
+def test_python_int_fallbacks_keep_the_law(monkeypatch):
+    """Forced onto the exact Python-int paths (a tiny vectorisation limit), the law is unchanged."""
+    monkeypatch.setattr(samplers, "_GAUSS_VEC_MAX_T", 2)
+    monkeypatch.setattr(samplers, "_LAP_VEC_MAX_T", 2)
+    src = samplers._Words(np_rng(40))
+    y = samplers.discrete_gaussian_ints(3, 2, 8000, src)
+    assert chi2_pvalue(tally(y), _dgauss_pmf_ts(3, 2, 60)) > ALPHA
+    y = samplers.discrete_laplace_ints(3, 2, 8000, src)
+    assert chi2_pvalue(tally(y), _dlap_pmf_ts(3, 2, 60)) > ALPHA
+
+
+def test_scale_is_rounded_up_by_at_most_2_pow_minus_20():
+    for units in [Fraction(1, 3), Fraction(3, 2), Fraction(2 ** 20 + 1, 7), Fraction(10 ** 9, 3),
+                  Fraction(math.pi), Fraction(2 ** 21)]:
+        t, s = samplers._scale_ratio(units)
+        assert s & (s - 1) == 0 and t >= 2 ** 20
+        assert units <= Fraction(t, s) <= units * (1 + Fraction(1, 2 ** 20))
+
+
+def test_torch_generator_drives_the_vectorised_sampler():
+    a = GaussianMechanism(sigma=1.0).release(np.zeros(50), torch_rng(41))
+    b = GaussianMechanism(sigma=1.0).release(np.zeros(50), torch_rng(41))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, GaussianMechanism(sigma=1.0).release(np.zeros(50), torch_rng(42)))
+
+
+def test_release_default_is_secure_and_is_private_labels_fast():
+    g = samplers.grid_granularity(1.0)
+    out = LaplaceMechanism(scale=1.0).release(np.zeros(64) + 0.1, np_rng(43))   # no sampling= given
+    assert np.all(out / g == np.round(out / g))
+    assert samplers.is_private("secure") is True
+    assert samplers.is_private("fast") is False
+    with pytest.raises(ValueError, match=r"sampling must be one of \('fast', 'secure'\). Found 'exact'"):
+        samplers.is_private("exact")
+    with pytest.raises(ValueError, match="engine must be 'numpy' or 'python'. Found 'gpu'"):
+        samplers._discrete_ints("gaussian", Fraction(2), 3, np_rng(), engine="gpu")
+
+
+def test_other_bit_generators_are_read_as_bytes():
+    """MT19937's raw outputs are 32-bit: it is read through Generator.bytes, still exact."""
+    rng = np.random.Generator(np.random.MT19937(44))
+    src = samplers._Words(rng)
+    w = src.words(20_000)
+    assert w.dtype == np.uint64
+    assert stats.binomtest(int((w >> np.uint64(63)).sum()), w.size, 0.5).pvalue > ALPHA
+    y = samplers.discrete_gaussian_ints(3, 2, 20_000, src)
+    assert chi2_pvalue(tally(y), _dgauss_pmf_ts(3, 2, 60)) > ALPHA

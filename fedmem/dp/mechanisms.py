@@ -8,6 +8,10 @@ re-runs validation).
 
 Every constructor validates its parameters and raises ``ValueError`` naming the
 parameter and the value found; nothing is clamped.
+
+``release`` / ``noise`` default to ``sampling="secure"`` (exact discrete noise on a public
+grid, :mod:`fedmem.dp.samplers`); ``"fast"`` float samplers leak through the low-order bits
+of their outputs and are only used when asked for explicitly.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from typing import Literal
 
 import dp_accounting
 import numpy as np
-from scipy.stats import gamma as _gamma_dist
 
 from fedmem import _validate as V
 from fedmem.dp import samplers
 
 SamplingMode = Literal["fast", "secure"]
-SAMPLING_MODES = ("fast", "secure")
+SAMPLING_MODES = samplers.SAMPLING_MODES
+#: The sampling mode every release uses unless told otherwise: the exact discrete sampler on
+#: a public grid. ``"fast"`` (float samplers, not DP as released) only as an explicit setting.
+DEFAULT_SAMPLING: SamplingMode = "secure"
 
 
 def _check_mode(mode: str, grid=None) -> str:
@@ -126,7 +132,7 @@ class GaussianMechanism:
     def event(self) -> dp_accounting.GaussianDpEvent:
         return dp_accounting.GaussianDpEvent(noise_multiplier=self.noise_multiplier)
 
-    def noise(self, shape, rng, sampling: SamplingMode = "fast", *, grid: float | None = None) -> np.ndarray:
+    def noise(self, shape, rng, sampling: SamplingMode = "secure", *, grid: float | None = None) -> np.ndarray:
         """Noise alone. ``grid`` (secure only): a public power-of-two grid; see :meth:`release`."""
         _check_mode(sampling, grid)
         V.rng_check("rng", rng)
@@ -134,7 +140,7 @@ class GaussianMechanism:
             return samplers.secure_gaussian(self.sigma, shape, rng, grid=grid)
         return samplers.gaussian(self.sigma, shape, rng)
 
-    def release(self, value, rng, sampling: SamplingMode = "fast", *, grid: float | None = None) -> np.ndarray:
+    def release(self, value, rng, sampling: SamplingMode = "secure", *, grid: float | None = None) -> np.ndarray:
         """Return ``value`` plus noise. ``value`` must be finite; shape is preserved.
 
         In ``secure`` mode the value is first rounded to the sampler's grid and the noise
@@ -176,7 +182,7 @@ class LaplaceMechanism:
     def event(self) -> dp_accounting.LaplaceDpEvent:
         return dp_accounting.LaplaceDpEvent(noise_multiplier=self.scale / self.l1_sensitivity)
 
-    def noise(self, shape, rng, sampling: SamplingMode = "fast", *, grid: float | None = None) -> np.ndarray:
+    def noise(self, shape, rng, sampling: SamplingMode = "secure", *, grid: float | None = None) -> np.ndarray:
         """Noise alone. ``grid`` (secure only): a public power-of-two grid; see :meth:`release`."""
         _check_mode(sampling, grid)
         V.rng_check("rng", rng)
@@ -184,7 +190,7 @@ class LaplaceMechanism:
             return samplers.secure_laplace(self.scale, shape, rng, grid=grid)
         return samplers.laplace(self.scale, shape, rng)
 
-    def release(self, value, rng, sampling: SamplingMode = "fast", *, grid: float | None = None) -> np.ndarray:
+    def release(self, value, rng, sampling: SamplingMode = "secure", *, grid: float | None = None) -> np.ndarray:
         """Return ``value`` plus Laplace noise (shape preserved).
 
         ``secure`` mode: as :meth:`GaussianMechanism.release`; ``grid=None`` derives the
@@ -280,6 +286,8 @@ class MetricLaplace:
             # torch's Gamma sampler takes no generator: draw the radius by the inverse
             # CDF of uniforms taken from the injected generator.
             u = torch.rand((count, 1), generator=rng, dtype=torch.float64).numpy()
+            from scipy.stats import gamma as _gamma_dist   # lazy: scipy.stats costs ~1 s of start-up
+
             radius = _gamma_dist.ppf(u, a=float(self.dim), scale=1.0 / self.epsilon)
         direction /= np.linalg.norm(direction, axis=1, keepdims=True)
         out = radius * direction
