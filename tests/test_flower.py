@@ -189,7 +189,7 @@ class _BrokenNoise(SupportGatewayStrategy):
         self.noise_std_on_sum /= 50.0
 
 
-def _empirical(cls, trials=300):
+def _empirical(cls, trials=150):
     """Neighbouring sums differ by one unit of sensitivity along e_0; score = released coordinate 0.
     Judged by the one verdict rule (fedmem.attacks.verdict.judge)."""
     from fedmem.attacks.verdict import judge

@@ -220,6 +220,10 @@ class GatewayStrategy(Strategy):
                               "metrics": MetricRecord({self.weight_key: self.core.public_num_examples})})
         return Message(content, reply_to=self._instructions[server_round][0])
 
+    def _inner_aggregate(self, server_round: int, replies: list[Message], arrays):
+        """The wrapped strategy's aggregate of the one noised reply (post-processing)."""
+        return self.strategy.aggregate_train(server_round, [self._inner_view(server_round, arrays)])
+
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
@@ -240,7 +244,7 @@ class GatewayStrategy(Strategy):
                 log(WARNING, "fedmem gateway: round %d fault (%s): nothing released, nothing booked", server_round,
                     ",".join(reasons))
                 return None, None
-            agg, _withheld = self.strategy.aggregate_train(server_round, [self._inner_view(server_round, arrays)])
+            agg, _withheld = self._inner_aggregate(server_round, replies, arrays)
             if agg is None:
                 rec.reasons = ("no_aggregate",)
                 return None, None
