@@ -132,9 +132,9 @@ class GatewayStrategy(Strategy):
             raise ValueError(f"accountant: population_size must be >= num_sampled_clients "
                              f"({self.core.num_sampled_clients}). Found {cfg.population_size!r}.")
         if cfg.max_epsilon is not None and acc.num_releases == 0 and acc.would_exceed(self._event()):
-            raise ValueError(f"accountant: max_epsilon {cfg.max_epsilon!r} is below one round (epsilon "
+            raise ValueError(f"accountant: its max_epsilon must allow one round (epsilon "
                              f"{self.core.epsilon_per_round:.4g} at delta {self.core.delta:g}). Fix: raise "
-                             f"max_epsilon or noise_multiplier.")
+                             f"max_epsilon or noise_multiplier. Found max_epsilon={cfg.max_epsilon!r}.")
 
     def privacy_spent(self):
         """Flower's ``PrivacySpent`` of fedmem's ledger for this principal (at ``delta``)."""
