@@ -40,7 +40,6 @@ from fractions import Fraction
 from typing import Literal
 
 import dp_accounting
-from dp_accounting import pld, rdp
 
 from fedmem import _validate as V
 from fedmem.dp.mechanisms import ApproxDpEvent, PureDpEvent
@@ -318,11 +317,19 @@ class Accountant:
             self._sync(db)
 
     def _new_backend(self):
+        # dp_accounting.rdp (scipy.special, absl) and .pld (scipy.signal, scipy.stats) are
+        # imported here, on first use, not when fedmem is imported (start-up of every actor).
+        from dp_accounting import rdp
+
         if self.kind == "rdp":
             return rdp.RdpAccountant()
+        from dp_accounting import pld
+
         return pld.PLDAccountant(value_discretization_interval=self._pld_discretization)
 
     def _new_tracks(self) -> list[_Track]:
+        from dp_accounting import rdp
+
         return [_Track(self._new_backend(), em_as_zcdp=False), _Track(rdp.RdpAccountant(), em_as_zcdp=True)]
 
     @property
