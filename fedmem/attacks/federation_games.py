@@ -8,7 +8,8 @@ log, the accountant and the ground truth are read for evaluation only.
 * :func:`run_games`: membership games (world with / without a worst-case record, alive at
   once) for every observable: (b) differencing, (c) noise scale, refusal content, admission
   oracle (offline boundary search), timing (interleaved), silent-retry and near-duplicate
-  averaging; every trial from a fresh principal.
+  averaging, float low-bit reachability (:mod:`fedmem.attacks.float_bits`, on the same
+  single-query trials); every trial from a fresh principal.
 * :func:`run_spreading`: one adversary spread over many principals (real budgets).
 * :func:`run_retries`: (d) one query re-asked ``r`` times, declared and silent.
 
@@ -27,9 +28,12 @@ import numpy as np
 from fedmem.federation import services
 
 ATTACKS = ("reconstruction", "differencing", "noise_scale", "refusal_content", "admission_oracle", "timing",
-           "retry_averaging", "near_duplicate", "principal_spreading", "retries")
+           "retry_averaging", "near_duplicate", "float_bits", "principal_spreading", "retries")
 GAME_ATTACKS = ("differencing", "noise_scale", "refusal_content", "admission_oracle", "timing", "retry_averaging",
-                "near_duplicate")
+                "near_duplicate", "float_bits")
+VALUE_ATTACKS = ("differencing", "noise_scale")
+"""Attacks that read released values: wherever one runs, ``float_bits`` runs too, on the same
+trials (no extra queries): every scenario that releases floats is checked for low-bit leaks."""
 
 
 @dataclass
@@ -219,6 +223,49 @@ def run_reconstruction(cfg, ctx, data, fed, acc) -> list[QueryRecord]:
     return records
 
 
+# ------------------------------------------------------------------ float low bits
+def _float_hypotheses(feds: dict, truths: dict):
+    """The adversary's hypothesis per world for a primary-route release: the world's policy
+    (public configuration: noise, sampling, calibration, denominator), the denominator it
+    applies, and the sum it selects. The adversary knows both neighbouring datasets in the DP
+    game, so it computes both sums offline; ``ground_truth`` is that computation, with the
+    parties' fixed-point encoding. Returns ``bad(resp, world)``: the coordinates of
+    ``resp.value`` that ``world`` cannot have produced."""
+    from fedmem.attacks import float_bits as FB
+
+    def scale_of(pol, mech):
+        return mech.sigma if pol.noise == "gaussian" else mech.scale
+
+    def bad(resp, w) -> int:
+        pol, truth = feds[w].policy, truths[w]
+        kind = pol.denominator_kind
+        if kind == "public":
+            d = float(pol.public_count)
+        elif kind == "noised":
+            d = max(1.0, float(resp.count))
+        else:
+            d = float(max(1, int(truth.count)))
+        v = np.asarray(resp.value, dtype=np.float64)
+        total = np.asarray(truth.sum, dtype=np.float64)
+        if pol.calibration == "realized":
+            model = FB.model_for(pol.noise, pol.sampling, scale_of(pol, pol._mechanism(pol.sigma)))
+            return int(np.sum(~FB.consistent(v, total, d, model)))
+        eff = pol._mechanism(pol.sigma * d / pol.n_bound, d)
+        model = FB.model_for(pol.noise, pol.sampling, scale_of(pol, eff))
+        return int(np.sum(~FB.consistent(v, total / d, 1.0, model)))
+
+    return bad
+
+
+def float_bits_score(obs, bad, primary_selection: str) -> float:
+    """``#coords inconsistent with the world without the target - #coords inconsistent with the
+    world with it`` for one trial; 0 for a refusal or an answer from another route (its sum is
+    not the primary selection's)."""
+    if not obs.answered or getattr(obs.response, "selection", primary_selection) != primary_selection:
+        return 0.0
+    return float(bad(obs.response, "without") - bad(obs.response, "with"))
+
+
 # ------------------------------------------------- membership games over every observable
 def _candidate(data, rng, f):
     """The auditor's candidate record: worst case, as privacy audits choose their neighbours.
@@ -315,8 +362,10 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
 
     f, a = cfg.federation, cfg.attack
     want = [x for x in GAME_ATTACKS if x in a.attacks]
+    if "float_bits" not in want and set(VALUE_ATTACKS) & set(want):
+        want.append("float_bits")
     trng = ctx.rng("targets")
-    out: dict = {name: {"pos": [], "neg": [], "booked": []} for name in want}
+    out: dict = {name: {"pos": [], "neg": [], "booked": [], "booked_pos": [], "booked_neg": []} for name in want}
     out.update({"queries": 0, "refused": {"with": 0, "without": 0}, "eps_one": [], "n_target": [],
                 "boundary_found": 0})
     config = game_config(cfg)
@@ -340,6 +389,9 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
                     directions=_topic_directions(worlds["without"].centers), steps=30)
                 out["boundary_found"] += int(found)
                 with_answered = abs(n_with - f.n_bound) <= a.boundary_tolerance   # the hypothesised rule
+            fbad = None
+            if "float_bits" in want:
+                fbad = _float_hypotheses(feds, {w: feds[w].ground_truth(key) for w in feds})
             refs, _ = _ask_trials(feds["without"], np.repeat(key[None], a.references, axis=0), 1, mb)
             ref_fps = {O.fingerprint(o) for o in refs}
             reference = refs[0].response
@@ -354,17 +406,18 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
                 for o, e in zip(single, booked):
                     scores = {"differencing": lambda: differencing_score(o.response, reference, shard),
                               "noise_scale": lambda: value_score(o.response, value),
-                              "refusal_content": lambda: O.category_score(o, ref_fps)}
+                              "refusal_content": lambda: O.category_score(o, ref_fps),
+                              "float_bits": lambda: float_bits_score(o, fbad, fed.policy.selection)}
                     for name, fn in scores.items():
                         if name in want:
                             out[name][tag].append(fn())
-                            out[name]["booked"].append(e)
+                            _book(out[name], tag, e)
                 if "admission_oracle" in want:
                     adm, booked = _ask_trials(fed, np.repeat(bq[None], R, axis=0), 1, mb)
                     out["queries"] += len(adm)
                     for o, e in zip(adm, booked):
                         out["admission_oracle"][tag].append(O.answered_score(o, with_answered))
-                        out["admission_oracle"]["booked"].append(e)
+                        _book(out["admission_oracle"], tag, e)
                 for name in ("retry_averaging", "near_duplicate"):
                     if name not in want:
                         continue
@@ -378,7 +431,7 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
                     out["queries"] += len(obs)
                     for i in range(R):
                         out[name][tag].append(O.averaged_value_score(obs[i * T:(i + 1) * T], value))
-                        out[name]["booked"].append(booked[i])
+                        _book(out[name], tag, booked[i])
             if "timing" in want:
                 order_rng = ctx.rng("timing-order", t)
                 for _ in range(a.timing_trials):
@@ -386,12 +439,31 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
                         client = feds[w].connect()
                         o = O.observe_one(client, key)
                         out["timing"]["pos" if w == "with" else "neg"].append(O.latency_score(o))
-                        out["timing"]["booked"].append(client.epsilon_spent)
+                        _book(out["timing"], "pos" if w == "with" else "neg", client.epsilon_spent)
                         out["queries"] += 1
         finally:
             for fed in feds.values():
                 fed.close()
     return out
+
+
+def _book(g: dict, tag: str, eps: float) -> None:
+    """Record what one trial booked, per world (each world's attack is judged against what that
+    world booked: :func:`booked_per_world`)."""
+    g["booked"].append(eps)
+    g["booked_pos" if tag == "pos" else "booked_neg"].append(eps)
+
+
+def booked_per_world(g: dict) -> tuple[float, float, float]:
+    """``(booked in the world with the target, booked without it, the epsilon the row is judged
+    against)``. Per world, the most one trial booked. The row is judged against the smaller of
+    the two: a distinguishing test bounds the privacy loss between the two worlds' views, and
+    what the world with the smaller booking claimed about its view is what the test refutes.
+    (Judging against ``max`` over both worlds let a world that booked 0 borrow the other's
+    booking.) With bookings decided from public facts both worlds book the same."""
+    bp = float(max(g.get("booked_pos") or [0.0]))
+    bn = float(max(g.get("booked_neg") or [0.0]))
+    return bp, bn, min(bp, bn)
 
 
 def run_spreading(cfg, ctx, data, world_accountant, parties=None):

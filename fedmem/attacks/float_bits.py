@@ -115,16 +115,22 @@ def _search(f, lo: np.ndarray, hi: np.ndarray, target: np.ndarray, increasing: n
     return lo
 
 
-def consistent(v, offset, denom: float, model: FloatModel) -> np.ndarray:
+def consistent(v, offset, denom, model: FloatModel) -> np.ndarray:
     """Per coordinate: is ``v`` reachable as ``fl(fl(offset + Z) / denom)`` for some draw
     ``Z`` of ``model``? (Boolean array; the grid model reads nothing: all True.)
 
     ``offset`` is the hypothesised sum ``S`` (realized calibration) or the hypothesised
     mean ``fl(S / D)`` with ``denom = 1.0`` (global calibration adds the noise to the mean).
+    ``denom`` is a scalar or one denominator per coordinate (batches of releases).
     """
     v = V.finite_array("v", v, ndim=1)
     a = V.finite_array("offset", offset, ndim=1, dim=v.size)
-    d = V.positive("denom", denom)
+    d = np.asarray(denom, dtype=np.float64)
+    if d.ndim == 0:
+        d = float(V.positive("denom", float(d)))
+    elif d.shape != v.shape or not np.all(np.isfinite(d) & (d > 0)):
+        raise ValueError(f"denom must be a positive scalar or a positive array shaped like v {v.shape}. "
+                         f"Found shape {d.shape}.")
     if model.kind == "grid":
         return np.ones(v.size, dtype=bool)
     s = model.scale
@@ -216,13 +222,21 @@ def reachable_noise(z, model: FloatModel) -> np.ndarray:
     return consistent(z, np.zeros_like(z), 1.0, model)
 
 
-def release_scores(values, offset_in, offset_out, denom: float, model: FloatModel) -> np.ndarray:
-    """:func:`release_score` of many releases at once (rows of ``values``; offsets broadcast)."""
+def release_scores(values, offset_in, offset_out, denom, model: FloatModel, denom_out=None) -> np.ndarray:
+    """:func:`release_score` of many releases at once (rows of ``values``; offsets broadcast;
+    ``denom`` a scalar or one per row; ``denom_out`` the other world's, when it differs)."""
     vals = V.finite_array("values", values, ndim=2)
     a_in = np.broadcast_to(np.asarray(offset_in, dtype=np.float64), vals.shape)
     a_out = np.broadcast_to(np.asarray(offset_out, dtype=np.float64), vals.shape)
-    bad_out = ~consistent(vals.ravel(), a_out.ravel(), denom, model).reshape(vals.shape)
-    bad_in = ~consistent(vals.ravel(), a_in.ravel(), denom, model).reshape(vals.shape)
+
+    def per_coord(d):
+        d = np.asarray(d, dtype=np.float64)
+        return d if d.ndim == 0 else np.broadcast_to(d.reshape(-1, 1), vals.shape).ravel()
+
+    d_in = per_coord(denom)
+    d_out = d_in if denom_out is None else per_coord(denom_out)
+    bad_out = ~consistent(vals.ravel(), a_out.ravel(), d_out, model).reshape(vals.shape)
+    bad_in = ~consistent(vals.ravel(), a_in.ravel(), d_in, model).reshape(vals.shape)
     return (bad_out.sum(axis=1) - bad_in.sum(axis=1)).astype(np.float64)
 
 

@@ -14,9 +14,10 @@ Membership games (:func:`run_games`): for each of ``attack.targets`` worst-case 
     records, a world with it and one without, alive at once; every trial from a fresh
     principal, the epsilon booked for it read from the federation's accountant. Attacks:
     (b) differencing, (c) noise scale, refusal content, admission oracle (offline boundary
-    search), timing (interleaved), silent-retry and near-duplicate averaging. Each gives
+    search), timing (interleaved), silent-retry and near-duplicate averaging, float low bits
+    (:mod:`fedmem.attacks.float_bits`, on the same trials as the value attacks). Each gives
     AUC (+CI), TPR@1%FPR, a Clopper-Pearson epsilon lower bound and a verdict against the
-    booked epsilon (:func:`fedmem.attacks.observable.verdict`). The games lift the budgets
+    booked epsilon (one rule: :func:`fedmem.attacks.verdict.judge`). The games lift the budgets
     (budget refusals are public, lifting them only helps the adversary).
 **principal spreading** (:func:`run_spreading`): a Sybil over many principals with fresh
     labels, under the scenario's real budgets.
@@ -42,6 +43,7 @@ from fedmem.attacks.federation_games import (ATTACKS, GAME_ATTACKS, QueryRecord,
 from fedmem.experiments.support_leak_plots import _plot_eps, _plot_reconstruction, _plot_roc
 from fedmem.federation import services
 from fedmem.federation.config import FederationConfig
+from fedmem.attacks.verdict import sampler_label
 from fedmem.params import schema_of
 from fedmem.report import Result, Table
 from fedmem.scenario import Experiment, Param, at_least, nonnegative, open_unit, positive
@@ -109,6 +111,20 @@ def cross_checks(cfg) -> list[tuple[str, str]]:
     return problems
 
 
+def memory(cfg) -> list[tuple[str, str, float]]:
+    """Up-front memory estimate (fedmem.scenario refuses what cannot fit, naming the key): a lower
+    bound, the shards' keys and values at 4 bytes a number, and one record per adaptive query."""
+    f, a = cfg.federation, cfg.attack
+    per_record = 4.0 * (f.key_dim + f.value_dim)
+    factors = {"federation.shards": (f.shards, 40), "federation.records_per_shard": (f.records_per_shard, 50),
+               "federation.key_dim": (f.key_dim, 128), "federation.value_dim": (f.value_dim, 128)}
+    key = max(factors, key=lambda k: factors[k][0] / factors[k][1])   # the size furthest above its default
+    sizes = ", ".join(f"{k}={v}" for k, (v, _) in sorted(factors.items(), key=lambda kv: -kv[1][0]))
+    return [(key, f"the shards' records ({sizes})", per_record * f.shards * f.records_per_shard),
+            ("attack.queries", f"the per-query log of attack.queries={a.queries} adaptive queries (about 4 KiB each)",
+             4096.0 * a.queries)]
+
+
 # ------------------------------------------------------------------------------ run
 def run(cfg, ctx) -> Result:
     from fedmem.dp import Accountant, DurableStore
@@ -132,42 +148,63 @@ def run(cfg, ctx) -> Result:
         _run_attacks(cfg, ctx, data, svc.parties, world_accountant, metrics, tables, attack_rows, eps_rows, mrng)
     finally:
         svc.close()
-    verdicts = [r[-1] for r in attack_rows]
-    overall = "LEAKS BEYOND BOOKED" if any(v.startswith(("LEAKS", "EXCEEDS")) for v in verdicts) else "within booked"
+    overall = _overall([r[-1] for r in attack_rows])
     metrics["verdict"] = overall
+    sampler = sampler_label(f.sampling)
+    if sampler:
+        metrics["sampler"] = sampler
     tables.insert(0, Table("Attack metrics (what the adversary got vs what was booked for it)",
                            ["attack", "success rate", "n pos/neg", "AUC", "AUC 95% CI", "TPR@1%FPR",
-                            "empirical eps (CP lower)", "booked eps (what it saw)", "verdict"], attack_rows,
-                           note=f"Overall verdict: {overall}. Success rate: reconstruction within tolerance, or "
+                            "empirical eps (CP lower)", "booked eps (what it saw)", "power", "verdict"], attack_rows,
+                           note=f"Overall verdict: {overall}." + (f" Noise sampler: {sampler}." if sampler else "")
+                                + " One rule (fedmem.attacks.verdict.judge): LEAK when the Clopper-Pearson bound "
+                                "exceeds what was booked or the ROC lies provably above the DP ceiling of the booking "
+                                "(an exact channel is LEAK whatever the trial count); within booked only when the "
+                                "power (the bound a perfect attack reaches with these trials) is at least the "
+                                "booking, else no leak seen. Success rate: reconstruction within tolerance, or "
                                 "balanced accuracy of the held-out threshold test. Empirical eps: Clopper-Pearson "
                                 f"lower bound ({1 - a.alpha:.0%}), threshold chosen on a held-out half. Booked eps: "
-                                "composed epsilon of the answers one trial of the attack saw (0 if it saw only "
-                                "refusals)."))
+                                "composed epsilon of the answers one trial of the attack saw, the smaller of the two "
+                                "worlds' (0 if it saw only refusals)."))
     if eps_rows:
         _plot_eps(ctx, eps_rows)
     sections.append(("How to read this", _explain(cfg, metrics)))
     return Result(metrics=metrics, tables=tables, sections=sections)
 
 
+def _overall(verdicts) -> str:
+    """The report's overall label: LEAK if any row leaks (or exceeds a total budget), else no leak
+    seen if any row lacked the power to see one, else within booked."""
+    from fedmem.attacks.verdict import worst
+
+    labels = ["LEAK" if str(v).startswith(("LEAK", "EXCEEDS")) else v for v in verdicts]
+    return worst([x for x in labels if str(x).startswith(("LEAK", "within", "no leak"))])
+
+
 def _game_row(name, label, game, f, a, mrng, metrics, attack_rows, eps_rows, roc):
-    from fedmem.attacks import observable as O
+    from fedmem.attacks.federation_games import booked_per_world
     from fedmem.attacks.support import membership_report
+    from fedmem.attacks.verdict import judge
 
     g = game[name]
     if len(g["pos"]) < 4 or len(g["neg"]) < 4:
         return
-    booked = float(max(g["booked"])) if g["booked"] else 0.0
+    booked_pos, booked_neg, booked = booked_per_world(g)
+    delta = f.delta if booked > 0 else 0.0
     rep = membership_report(g["pos"], g["neg"], delta=f.delta, rng=mrng,
                             epsilon_claim=booked if math.isfinite(booked) else math.inf, alpha=a.alpha)
-    verdict = O.verdict(rep.eps_lower, booked, rep.ceiling_violations)
+    v = judge(g["pos"], g["neg"], booked, delta, alpha=a.alpha, rng=mrng)
     d = rep.as_dict()
-    d.update(eps_booked=booked, verdict=verdict)
+    # the verdict's numbers are the ones reported (one rule: fedmem.attacks.verdict.judge)
+    d.update(eps_lower=v.eps_lower, eps_booked=booked, eps_booked_with=booked_pos, eps_booked_without=booked_neg,
+             power=v.power, ceiling_crossed=v.ceiling_crossed, label=v.label, verdict=v.text)
     metrics.setdefault("attacks", {})[name] = d
     metrics[name] = d
     roc[name] = (g["pos"], g["neg"])
     attack_rows.append([label, rep.success_rate, f"{rep.n_pos}/{rep.n_neg}", rep.auc,
-                        f"[{rep.auc_ci[0]:.3f}, {rep.auc_ci[1]:.3f}]", rep.tpr_at_1, rep.eps_lower, booked, verdict])
-    eps_rows.append([name, booked, rep.eps_lower, rep.ceiling_violations, verdict])
+                        f"[{rep.auc_ci[0]:.3f}, {rep.auc_ci[1]:.3f}]", rep.tpr_at_1, v.eps_lower, booked, v.power,
+                        v.text])
+    eps_rows.append([name, booked, v.eps_lower, int(v.ceiling_crossed), v.text])
 
 
 GAME_LABELS = {
@@ -178,6 +215,7 @@ GAME_LABELS = {
     "timing": "timing",
     "retry_averaging": "silent-retry averaging",
     "near_duplicate": "near-duplicate averaging",
+    "float_bits": "float low bits (reachability)",
 }
 
 
@@ -188,7 +226,8 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
     phases = metrics.setdefault("phase_seconds", {})
     records: list[QueryRecord] = []
     t0 = time.perf_counter()
-    if "reconstruction" in a.attacks:
+    keep = (metrics, tables, attack_rows, eps_rows)   # what a phase adds; restored on --resume (RunContext)
+    if "reconstruction" in a.attacks and not ctx.resume_phase("reconstruction", *keep):
         acc = world_accountant("main")
         fed = services.make_federation(services.federation_config(cfg), data, accountant=acc,
                                        rng=ctx.rng("engine", "main"), ray_address=ctx.ray_address, parties=parties)
@@ -205,9 +244,10 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
                               "bytes_per_query_max": float(max(c[1] / c[2] for c in costs))}
         _write_queries(ctx, records)
         phases["reconstruction"] = round(time.perf_counter() - t0, 2)
+        ctx.phase_done("reconstruction", *keep)
 
     t0 = time.perf_counter()
-    if set(GAME_ATTACKS) & set(a.attacks):
+    if set(GAME_ATTACKS) & set(a.attacks) and not ctx.resume_phase("membership", *keep):
         game = run_games(cfg, ctx, data, world_accountant, parties)
         eps_one = float(np.median(game["eps_one"])) if game["eps_one"] else 0.0
         metrics["membership_queries"] = game["queries"]
@@ -216,7 +256,7 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
         metrics["boundary_queries_found"] = game["boundary_found"]
         roc = {}
         for name in GAME_ATTACKS:
-            if name in a.attacks:
+            if name in game:      # the attacks asked for, plus float_bits wherever values are read
                 _game_row(name, GAME_LABELS[name], game, f, a, mrng, metrics, attack_rows, eps_rows, roc)
         if game["n_target"]:
             n_small = int(np.min(game["n_target"]))
@@ -230,9 +270,10 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
             metrics["target_selected_counts"] = game["n_target"]
         _plot_roc(ctx, roc, eps_one, f.delta)
         phases["membership"] = round(time.perf_counter() - t0, 2)
+        ctx.phase_done("membership", *keep)
 
     t0 = time.perf_counter()
-    if "principal_spreading" in a.attacks:
+    if "principal_spreading" in a.attacks and not ctx.resume_phase("principal_spreading", *keep):
         rep = run_spreading(cfg, ctx, data, world_accountant, parties)
         metrics["principal_spreading"] = rep.as_dict()
         metrics.setdefault("attacks", {})["principal_spreading"] = rep.as_dict()
@@ -245,11 +286,12 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
                             note="Budgets are charged per principal and in total, never per caller-chosen label; "
                                  "exact (unbooked) support channels count as infinitely many bits."))
         attack_rows.append(["principal spreading (budget)", "-", f"{rep.answered}/{rep.queries} answered", "-", "-",
-                            "-", "-", rep.epsilon_seen, rep.verdict])
+                            "-", "-", rep.epsilon_seen, "-", rep.verdict])
         phases["principal_spreading"] = round(time.perf_counter() - t0, 2)
+        ctx.phase_done("principal_spreading", *keep)
 
     t0 = time.perf_counter()
-    if "retries" in a.attacks:
+    if "retries" in a.attacks and not ctx.resume_phase("retries", *keep):
         rows = run_retries(cfg, ctx, data, world_accountant, parties)
         tables.append(Table("(d) Retry composition: averaging r releases of one query",
                             ["mode", "r asked", "released", "refused", "MSE of averaged mean",
@@ -261,6 +303,7 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
         grew = all(r[6] >= r[5] - 1e-12 for r in rows) and any(r[6] > r[5] for r in rows if r[2] > 1)
         metrics["retries_booked"] = bool(grew) or all(r[2] <= 1 for r in rows)
         phases["retries"] = round(time.perf_counter() - t0, 2)
+        ctx.phase_done("retries", *keep)
     ctx.log("phase wall seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
 
 
@@ -288,10 +331,10 @@ def _reconstruction_tables(records, cfg, tables, attack_rows, ctx) -> dict:
     mses = [r.mse for r in released if math.isfinite(r.mse)]
     channel_use = Counter(r.channel_used for r in records)
     reasons = Counter(reason for r in records for reason in r.reasons if not reason.startswith("("))
-    rverdict = ("LEAKS BEYOND BOOKED" if unbooked else "at chance" if rep.at_chance
-                else "beats chance (through booked channels)")
+    rverdict = ("LEAK (exact support channel, unbooked)" if unbooked else "within booked (at chance)"
+                if rep.at_chance else "within booked (beats chance through booked channels)")
     attack_rows.append(["(a) cardinality reconstruction", rep.rate, f"{rep.queries} queries", "-", "-", "-", "-",
-                        records[-1].eps_after if records else 0.0, rverdict])
+                        records[-1].eps_after if records else 0.0, "-", rverdict])
     attacks_out = {"reconstruction": {"rate": rep.rate, "ci": list(rep.ci), "chance_rate": rep.chance_rate,
                                       "queries": rep.queries, "uncovered_answers": len(unbooked),
                                       "verdict": rverdict}}
@@ -393,8 +436,14 @@ def _explain(cfg, m) -> str:
                      "contributors one record moves the mean by more, so the true epsilon is larger "
                      f"(smallest target n gives eps ~ {m.get('effective_epsilon_smallest_n', float('nan')):.3g}).")
     lines.append("- A Clopper-Pearson bound from T trials per world (half held out) cannot exceed about "
-                 "ln(T/7): a bound below the booked epsilon is not a proof of privacy, one above it is a proof "
-                 "of a leak (at 95% confidence).")
+                 "ln(T/7) (each row's power): a bound below the booked epsilon is not a proof of privacy, one "
+                 "above it is a proof of a leak (at 95% confidence); so is perfect separation of both worlds "
+                 "when its probability under the booked (eps, delta) is below 5% (the DP-ceiling test), which "
+                 "is how an exact channel reads LEAK whatever T. A row whose power is below the booking says "
+                 "\"no leak seen\", not \"within booked\".")
+    if m.get("sampler"):
+        lines.append(f"- Noise sampler: **{m['sampler']}** (sampling = \"fast\"): the low-order bits of every "
+                     "released float identify the input (float low bits row); no booked epsilon holds.")
     return "\n".join(lines)
 
 
@@ -404,5 +453,5 @@ EXPERIMENTS = {
         "papers/003 support-leak scenario: the whole adversary library (reconstruction, differencing, noise "
         "scale, refusal content, admission oracle, timing, retry/near-duplicate averaging, principal "
         "spreading) against an undefended or defended federation, one verdict per attack.",
-        SCHEMA, run, cross_checks),
+        SCHEMA, run, cross_checks, memory=memory),
 }
