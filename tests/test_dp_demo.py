@@ -34,3 +34,15 @@ def test_brace_extreme_epsilon_is_a_scenario_error(tmp_path, capsys):
     assert cli.main(["run", str(scen), "--set", "mechanism.epsilon=1e308", "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
     assert "mechanism.epsilon" in err and "Traceback" not in err
+
+
+def test_float_low_bits_audit_catches_the_fast_sampler_and_passes_the_secure_one(tmp_path, capsys):
+    """The demo's audit row: the same float low-bit attack and verdict rule on both samplers."""
+    assert cli.main(["run", str(DEMO), "--set", "release.sampling=\"fast\"", "--set", "audit.trials=60",
+                     "--set", "release.attempts=2", "--json", "--out", str(tmp_path / "f")]) == 0
+    m = json.loads(capsys.readouterr().out)["metrics"]
+    assert m["sampler"] == "not DP (float sampler)"
+    fast, secure = m["float_bits"]["fast"], m["float_bits"]["secure"]
+    assert fast["label"] == "LEAK" and fast["auc"] > 0.8, fast
+    assert secure["label"] == "within booked" and secure["power"] >= secure["eps_booked"], secure
+    assert m["verdict"] == "LEAK"

@@ -135,7 +135,9 @@ def test_defended_scenarios_leak_no_more_than_booked(tmp_path, ray_local, varian
     what was booked for what the adversary saw, and where nothing was booked the AUC is 0.5."""
     scenario, extra = DEFENDED_VARIANTS[variant]
     m = _run(tmp_path, scenario, SMALL + extra)
-    assert m["verdict"] == "within booked", {k: v.get("verdict") for k, v in m["attacks"].items()}
+    # with SMALL's 30 trials per world no row has the power to prove 4.25: "no leak seen", never LEAK
+    assert m["verdict"] in ("within booked", "no leak seen"), {k: v.get("verdict") for k, v in m["attacks"].items()}
+    assert "float_bits" in m["attacks"]
     for name, x in m["attacks"].items():
         if "auc" in x and x["eps_booked"] == 0.0:
             assert x["auc_ci"][0] <= 0.5 <= x["auc_ci"][1], (name, x["auc"], x["auc_ci"])
@@ -144,7 +146,8 @@ def test_defended_scenarios_leak_no_more_than_booked(tmp_path, ray_local, varian
 
 def test_undefended_scenario_keeps_the_papers_leaks(tmp_path, ray_local):
     m = _run(tmp_path, "support_leak_40.toml", SMALL)
-    assert m["verdict"] == "LEAKS BEYOND BOOKED"
+    assert m["verdict"] == "LEAK"
+    assert m["attacks"]["differencing"]["label"] == "LEAK", m["attacks"]["differencing"]
     assert m["reconstruction"]["rate"] >= 0.9 and m["forwarded_leaky"] == m["forwarded"] > 0
     assert m["attacks"]["differencing"]["auc"] > 0.9
     assert m["principal_spreading"]["verdict"] == "EXCEEDS TOTAL BUDGET"
@@ -214,12 +217,36 @@ def test_attack_catches_its_broken_federation(tmp_path, ray_local, monkeypatch, 
     m = _run(tmp_path, scenario, SMALL + extra + _attacks([attack]))
     x = m["attacks"][attack]
     if broken:
-        assert x["verdict"] == "LEAKS BEYOND BOOKED", x
-        assert x["eps_lower"] > x["eps_booked"]
+        assert x["label"] == "LEAK", x
+        assert x["eps_lower"] > x["eps_booked"] or x["ceiling_crossed"]
     else:
-        assert x["verdict"] == "within booked", x
+        assert x["label"] != "LEAK", x
     if attack == "admission_oracle":
         assert m["boundary_queries_found"] >= 1        # the offline search found its boundary query
+
+
+# ---- declared public facts: top-k answers only with k candidates, decided from shard sizes
+K_MINUS_ONE = ["federation.shards=2", "federation.records_per_shard=2", "federation.k_local=5", "federation.k=5",
+               'federation.selection="topk"', 'federation.receipts="suppress"', "federation.n_bound=2",
+               "data.clusters=2", "attack.targets=2", "attack.repeats=30"]
+
+
+@pytest.mark.parametrize("relation", ["add-remove", "replace-one"])
+def test_shard_sizes_are_public_under_replace_one(tmp_path, ray_local, relation):
+    """A federation holding k-1 candidates refuses top-k and the one with the target answers: with
+    add/remove neighbours the refusal separates the worlds and the world that booked nothing is
+    judged against its own booking (LEAK); with replace-one neighbours (shard sizes public, the
+    default) both worlds answer alike."""
+    m = _run(tmp_path, "support_leak_40_gateway.toml",
+             [x for x in SMALL if not x.startswith(("federation.shards", "federation.records_per_shard",
+                                                     "federation.n_bound", "data.clusters", "attack.targets",
+                                                     "attack.repeats"))]
+             + K_MINUS_ONE + _attacks(["refusal_content"]) + [f'attack.neighbours="{relation}"'])
+    x = m["attacks"]["refusal_content"]
+    if relation == "add-remove":
+        assert x["label"] == "LEAK" and x["eps_booked_without"] == 0.0 < x["eps_booked_with"], x
+    else:
+        assert x["label"] != "LEAK" and x["eps_booked_without"] == x["eps_booked_with"] > 0, x
 
 
 def test_end_to_end_through_cli_json(tmp_path, ray_local):
@@ -235,5 +262,5 @@ def test_end_to_end_through_cli_json(tmp_path, ray_local):
     g = json.loads(out.getvalue())["metrics"]
     assert g["forwarded_leaky"] == 0 and g["forwarded_unbooked"] == 0
     assert g["rejected"] == g["queries"] and g["rejections_by_reason"] == {"unbookable": g["queries"]}
-    assert g["verdict"] == "within booked"
+    assert g["verdict"] in ("within booked", "no leak seen")
     assert ray_local.is_initialized()

@@ -292,6 +292,34 @@ def _candidate(data, rng, f):
     return shard, key, v, c
 
 
+NEIGHBOURS = ("replace-one", "add-remove")
+
+
+def neighbours(data, shard: int, key, value, relation: str, rng) -> dict:
+    """The two worlds of a membership game. ``"replace-one"`` (the default): the world without
+    the target holds, in the same slot of the same shard, a filler record whose key is
+    orthogonal to the target's (so it is not what the query selects) and whose value is the
+    target's negated; every shard size is the same in both worlds. Shard sizes are a declared
+    public parameter of the scenario (they decide, e.g., whether top-k has ``k`` candidates and
+    so whether it answers with a public denominator), and the value channel is calibrated to
+    the replace-one sensitivity ``2 clip`` already. ``"add-remove"``: the world without is the
+    dataset without the record; shard sizes then differ between the worlds, and any decision
+    taken from them is a channel the games measure (judged against each world's booking)."""
+    from fedmem.bench.shards import with_record
+
+    if relation not in NEIGHBOURS:
+        raise ValueError(f"relation must be one of {NEIGHBOURS}. Found {relation!r}.")
+    world_with = with_record(data, shard, key, value)
+    if relation == "add-remove":
+        return {"with": world_with, "without": data}
+    k = np.asarray(key, dtype=np.float64)
+    k = k / np.linalg.norm(k)
+    filler = rng.standard_normal(k.size)
+    filler -= (filler @ k) * k
+    filler /= np.linalg.norm(filler)
+    return {"with": world_with, "without": with_record(data, shard, filler, -np.asarray(value, dtype=np.float64))}
+
+
 def _ask_trials(fed, qs, per_trial: int, max_batch: int):
     """Ask ``qs`` in trials of ``per_trial`` consecutive queries, each trial from its own fresh
     principal, batched across principals. Returns (observations, epsilon booked per trial), the
@@ -358,7 +386,6 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
     """
     from fedmem.attacks import observable as O
     from fedmem.attacks.support import differencing_score, value_score
-    from fedmem.bench.shards import with_record
 
     f, a = cfg.federation, cfg.attack
     want = [x for x in GAME_ATTACKS if x in a.attacks]
@@ -374,7 +401,7 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
 
     for t in ctx.progress(range(a.targets), a.targets, "membership targets"):
         shard, key, value, _ = _candidate(data, trng, f)
-        worlds = {"with": with_record(data, shard, key, value), "without": data}
+        worlds = neighbours(data, shard, key, value, getattr(a, "neighbours", "replace-one"), ctx.rng("filler", t))
         feds = {}
         try:
             for w, wdata in worlds.items():

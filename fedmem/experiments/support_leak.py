@@ -93,6 +93,10 @@ SCHEMA = {
         "retry_counts": Param(list, [1, 2, 4, 8, 16], "retry counts r of the silent-retry attack", item_type=int,
                               check=lambda v: None if v and all(x >= 1 for x in v) else
                               f"must be a non-empty list of integers >= 1, found {v!r}"),
+        "neighbours": Param(str, "replace-one", "neighbouring relation of the membership games: replace-one (shard "
+                            "sizes are public: the world without the target holds a filler record in its slot) or "
+                            "add-remove (shard sizes differ between the worlds)",
+                            choices=("replace-one", "add-remove")),
         "alpha": Param(float, 0.05, "confidence level of CIs and epsilon lower bounds (1 - alpha)",
                        check=open_unit),
         "accountant": Param(str, "rdp", "composition backend", choices=("rdp", "pld")),
