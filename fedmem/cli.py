@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -159,7 +160,36 @@ def _print_tables(result, console) -> bool:
 
 # ------------------------------------------------------------------ running
 RESUME_HELP = ("continue a run in an existing --out folder: the run uses the durable ledgers/accountants "
-               "already there (ledger.sqlite), so privacy budgets already spent stay spent")
+               "already there (ledger.sqlite), so privacy budgets already spent stay spent. Only the same run "
+               "resumes (same kind and scenario hash, else exit 2); an interrupted run continues after its "
+               "last completed phase")
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during a run: the run folder is written with status "interrupted"."""
+
+    def __init__(self, signame: str = "SIGINT"):
+        super().__init__(signame)
+        self.signame = signame
+
+
+def _on_signal(signum, frame):
+    import signal
+
+    raise RunInterrupted(signal.Signals(signum).name)
+
+
+def guard_signals() -> None:
+    """(Re)install fedmem's SIGINT/SIGTERM handlers: they raise :class:`RunInterrupted`, so the run
+    folder is written. Ray installs absl's failure handler (which prints a raw stack dump on SIGTERM)
+    when it starts; the run context calls this again at every phase and progress bar. Main thread only."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
 
 
 def check_out_dir(out_dir: Path, resume: bool) -> None:
@@ -177,42 +207,177 @@ def check_out_dir(out_dir: Path, resume: bool) -> None:
             f"budgets already spent stay spent")
 
 
-def run_loaded(scenario, out=None, as_json=False, ray_address=None, show_progress=True, resume=False):
-    """Run an already loaded scenario and write its folder. Returns (payload, result, out_dir)."""
-    from fedmem.report import RunContext, write_run
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
+
+def check_resume(out_dir: Path, scenario, sha: str, cfg: dict) -> dict | None:
+    """The manifest of the run folder ``out_dir`` when ``scenario`` may resume it; :class:`UsageError`
+    (exit 2) saying what differs otherwise. None for an empty folder (nothing to resume)."""
+    from fedmem.report import read_manifest
+
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return None
+    manifest = read_manifest(out_dir)
+    theirs_cfg = None
+    if manifest is None:  # a folder written before run.json existed: its results.json says what ran
+        try:
+            old = json.loads((out_dir / "results.json").read_text())
+            manifest = {"kind": old["kind"], "scenario_sha256": None, "status": "complete", "phases": {}}
+            theirs_cfg = old.get("config")
+        except (OSError, ValueError, KeyError, TypeError):
+            raise UsageError(f"--resume: {out_dir} holds no fedmem run (no readable run.json or results.json); "
+                             "refusing to book into it") from None
+    kind = scenario.experiment.kind
+    if manifest.get("kind") != kind:
+        raise UsageError(f"--resume: {out_dir} holds a run of kind {manifest.get('kind')!r} "
+                         f"({manifest.get('name', '?')}), this scenario is kind {kind!r}; a run folder is one run: "
+                         "use a new --out")
+    if manifest.get("scenario_sha256") != sha:
+        if theirs_cfg is None:
+            try:
+                import tomllib
+
+                theirs_cfg = tomllib.loads((out_dir / "scenario.resolved.toml").read_text())
+            except (OSError, ValueError):
+                theirs_cfg = {}
+        a, b = _flat(theirs_cfg), _flat(cfg)
+        diff = [k for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
+        if diff or manifest.get("scenario_sha256") is not None:
+            shown = "; ".join(f"{k}: {a.get(k, '<absent>')!r} there, {b.get(k, '<absent>')!r} here"
+                              for k in diff[:6]) + (f"; ... ({len(diff)} keys)" if len(diff) > 6 else "")
+            raise UsageError(f"--resume: {out_dir} holds a different scenario (scenario_sha256 "
+                             f"{str(manifest.get('scenario_sha256'))[:12]} there, {sha[:12]} here"
+                             + (f"; {shown}" if shown else "") + "); a run folder is one run: use a new --out, "
+                             "or resume with the folder's own scenario.resolved.toml")
+    return manifest
+
+
+def _new_out_dir(scenario) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = Path("runs") / f"{scenario.name}-{stamp}"
+    n = 2
+    while out_dir.exists():  # a fresh folder per run, even for two runs started in the same second
+        out_dir = Path("runs") / f"{scenario.name}-{stamp}-{n}"
+        n += 1
+    return out_dir
+
+
+def _remove_created(out_dir: Path, existed: bool) -> None:
+    """Remove what a run that booked nothing created in a folder that was empty or absent."""
+    import shutil
+
+    if not existed:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return
+    for p in out_dir.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def run_loaded(scenario, out=None, as_json=False, ray_address=None, show_progress=True, resume=False, argv=None):
+    """Run an already loaded scenario and write its folder. Returns (payload, result, out_dir).
+
+    The folder holds one run. With ``resume`` it must hold the same kind and scenario hash
+    (else :class:`UsageError`); a run interrupted there continues after its completed phases.
+    SIGINT/SIGTERM write the folder with status "interrupted" and raise :class:`RunInterrupted`;
+    a run that fails before its first booking removes what it created in a new/empty folder.
+    """
+    from fedmem.report import (RunContext, count_bookings, read_manifest, resolved_text, write_manifest,
+                               write_run)
+
     if out:
         out_dir = Path(out)
         check_out_dir(out_dir, resume)
-    else:  # a fresh folder per run, even for two runs started in the same second
+    else:
         if resume:
             raise UsageError("--resume needs --out <the run folder to continue>")
-        out_dir = Path("runs") / f"{scenario.name}-{stamp}"
-        n = 2
-        while out_dir.exists():
-            out_dir = Path("runs") / f"{scenario.name}-{stamp}-{n}"
-            n += 1
-    resumed = bool(resume and out_dir.is_dir() and any(out_dir.iterdir()))
+        out_dir = _new_out_dir(scenario)
+    _, sha, cfg = resolved_text(scenario)
+    existed = out_dir.is_dir()
+    empty_before = not existed or not any(out_dir.iterdir())
+    old_manifest = check_resume(out_dir, scenario, sha, cfg) if resume else None
+    resumed = old_manifest is not None
+    phases = (old_manifest or {}).get("phases") if (old_manifest or {}).get("status") != "complete" else None
     ctx = RunContext(out_dir, scenario.config["seed"], show_progress=show_progress and not as_json,
-                     ray_address=ray_address, quiet=as_json, resumed=resumed)
+                     ray_address=ray_address, quiet=as_json, resumed=resumed, phases=phases)
+    ctx.signal_hook = guard_signals
+    manifest = dict(old_manifest or {})
+    manifest.update(kind=scenario.experiment.kind, name=scenario.name, scenario_sha256=sha, status="running",
+                    started=time.strftime("%Y-%m-%dT%H:%M:%S"), argv=list(sys.argv if argv is None else argv),
+                    runs=int(manifest.get("runs", 0)) + 1, phases=dict(phases or {}))
+    write_manifest(out_dir, manifest)
+    guard_signals()
     t0 = time.perf_counter()
-    result = scenario.experiment.run(scenario.config, ctx)
+    try:
+        result = scenario.experiment.run(scenario.config, ctx)
+    except BaseException as exc:
+        import signal
+
+        wall = time.perf_counter() - t0
+        if isinstance(exc, SystemExit) and exc.code in (signal.SIGTERM, -signal.SIGTERM):
+            exc = RunInterrupted("SIGTERM")   # Ray's own SIGTERM handler exits with code 15
+        booked = count_bookings(out_dir, ctx.ledger_marks)
+        if isinstance(exc, KeyboardInterrupt):
+            signame = getattr(exc, "signame", "SIGINT")
+            write_run(scenario, ctx, None, wall, status="interrupted", error=f"{signame} received", argv=argv)
+            if isinstance(exc, RunInterrupted):
+                raise
+            raise RunInterrupted(signame) from exc
+        if booked == 0 and empty_before:
+            _remove_created(out_dir, existed)      # nothing booked: the same --out can be used again
+        elif booked == 0 and old_manifest is not None:
+            write_manifest(out_dir, old_manifest)  # a failed resume that booked nothing changes nothing
+        else:
+            msg = " ".join(str(exc).split())
+            write_run(scenario, ctx, None, wall, status="failed", error=f"{type(exc).__name__}: {msg}"[:500],
+                      argv=argv)
+        raise
     wall = time.perf_counter() - t0
-    payload = write_run(scenario, ctx, result, wall)
+    payload = write_run(scenario, ctx, result, wall, argv=argv)
     return payload, result, out_dir
+
+
+def find_scenario(arg) -> Path:
+    """A scenario file: the path ``arg`` if it exists, else a bundled scenario of that name
+    (``dp_demo`` or ``dp_demo.toml``; from the checkout's ``scenarios/`` or the installed wheel's
+    ``fedmem/_scenarios``), found from any working directory."""
+    path = Path(arg)
+    if path.exists():
+        return path
+    text = str(arg)
+    if "/" not in text and os.sep not in text:
+        stem = text[:-5] if text.endswith(".toml") else text
+        bundled = SCENARIO_DIR / f"{stem}.toml"
+        if bundled.is_file():
+            return bundled
+        import difflib
+
+        names = sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
+        close = difflib.get_close_matches(stem, names, n=3)
+        hint = (f"did you mean {', '.join(close)}? " if close else "") + "`fedmem list` shows the bundled scenarios"
+        raise ScenarioError([(text, f"no such file, and no bundled scenario of that name ({hint})")])
+    return path  # read_toml reports "no such file"
 
 
 def run_scenario(path, overrides=(), out=None, as_json=False, ray_address=None, show_progress=True,
                  resume=False):
-    """Load, validate, run and write one scenario. Returns (payload, result, out_dir).
+    """Load, validate, run and write one scenario (a path or a bundled name). Returns (payload, result, out_dir).
 
     A non-empty ``out`` folder is refused (:class:`UsageError`) unless ``resume``: its
     durable ledgers/accountants would carry over into this run.
     """
     from fedmem.scenario import load_scenario
 
-    scenario = load_scenario(path, list(overrides))
+    scenario = load_scenario(find_scenario(path), list(overrides))
     return run_loaded(scenario, out, as_json, ray_address, show_progress, resume)
 
 
@@ -225,9 +390,10 @@ def _largest_settings(config, n: int = 3) -> str:
             if hasattr(v, "items"):
                 walk(v, f"{prefix}{k}.")
             elif isinstance(v, (int, float)) and not isinstance(v, bool) and k != "seed":
-                found.append((abs(v), f"{prefix}{k}={v!r}"))
+                if math.isfinite(v):   # inf means "disabled" (budgets): never a size to reduce
+                    found.append((abs(v), f"{prefix}{k}={v!r}"))
             elif isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                   for x in v):
+                                                   and math.isfinite(x) for x in v):
                 found.append((max(abs(x) for x in v), f"{prefix}{k}={v!r}"))
 
     walk(config, "")
@@ -254,9 +420,14 @@ def cmd_run(args) -> int:
 
     if args.resume and not args.out:
         raise UsageError("--resume needs --out <the run folder to continue>")
-    scenario = load_scenario(args.file, list(args.set or []))
+    scenario = load_scenario(find_scenario(args.file), list(args.set or []))
     try:
-        payload, result, out_dir = run_loaded(scenario, args.out, args.json, args.ray_address, resume=args.resume)
+        payload, result, out_dir = run_loaded(scenario, args.out, args.json, args.ray_address, resume=args.resume,
+                                              argv=getattr(args, "argv", None))
+    except RunInterrupted as exc:
+        exc.resume_hint = (f"run folder {args.out or '(see runs/)'} written with status \"interrupted\"; "
+                           f"continue with: fedmem run {args.file} --out {args.out or '<that folder>'} --resume")
+        raise
     except (MemoryError, OverflowError, RecursionError) as exc:
         raise RunFailed(resource_message(exc, scenario.config)) from exc
     if args.json:
@@ -272,35 +443,82 @@ def cmd_run(args) -> int:
     return 0 if result.ok else 1
 
 
-def cmd_list(args) -> int:
+def cmd_validate(args) -> int:
+    """Check scenario files (paths or bundled names) without running anything: exit 0 when all are valid."""
+    from fedmem.scenario import load_scenario
+
+    bad = 0
+    for f in args.files:
+        try:
+            sc = load_scenario(find_scenario(f), list(args.set or []))
+        except ScenarioError as exc:
+            bad += 1
+            print(f"INVALID {f}: {len(exc.problems)} problem(s)")
+            for loc, msg in exc.problems:
+                print(f"  {loc}: {msg}")
+            continue
+        print(f"ok      {f} ({sc.experiment.kind}, name {sc.name!r})")
+    return 2 if bad else 0
+
+
+def _bundled_rows(directory: Path):
     from fedmem.scenario import read_toml
 
-    directory = Path(args.dir)
-    files = sorted(directory.glob("*.toml"))
-    if not files:
-        print(f"no scenarios in {directory}", file=sys.stderr)
-        return 2
     rows = []
-    for f in files:
+    for f in sorted(directory.glob("*.toml")):
         try:
             data = read_toml(f)
-            rows.append([f.name, str(data.get("kind", "?")), str(data.get("description", ""))])
+            rows.append((f.stem, str(data.get("kind", "?")), " ".join(str(data.get("description", "")).split())))
         except ScenarioError as exc:
-            rows.append([f.name, "INVALID", exc.problems[0][1]])
-    print_table(_console(), f"scenarios in {directory}", ["file", "kind", "description"], rows, keep=(0, 1))
+            rows.append((f.stem, "INVALID", exc.problems[0][1]))
+    return rows
+
+
+def cmd_list(args) -> int:
+    """One line per scenario (name and kind, never cut), its description wrapped below it:
+    readable at any width, 80 columns included."""
+    import shutil
+    import textwrap
+
+    directory = Path(args.dir)
+    rows = _bundled_rows(directory)
+    if not rows:
+        print(f"no scenarios in {directory}", file=sys.stderr)
+        return 2
+    width = max(40, shutil.get_terminal_size((80, 24)).columns)
+    print(textwrap.fill(f"scenarios in {directory} (run one by name: fedmem run NAME; its keys: fedmem show NAME)",
+                        width=width - 1, break_long_words=False, break_on_hyphens=False))
+    pad = max(len(n) for n, _, _ in rows)
+    for name, kind, desc in rows:
+        print(f"{name.ljust(pad)}  {kind}")
+        if desc:
+            print(textwrap.fill(desc, width=width - 1, initial_indent="    ", subsequent_indent="    ",
+                                break_long_words=False, break_on_hyphens=False))
     return 0
 
 
 def cmd_show(args) -> int:
+    """``fedmem show KIND``: every key of a kind. ``fedmem show SCENARIO`` (a bundled name or a file):
+    the scenario's resolved keys (defaults filled in), and where it is."""
     from fedmem.registry import get_experiment, known_kinds
-    from fedmem.scenario import describe_schema, full_schema
+    from fedmem.scenario import describe_schema, full_schema, load_scenario
 
-    try:
+    if args.kind in known_kinds():
         exp = get_experiment(args.kind)
-    except KeyError:
-        raise ScenarioError([("kind", f"unknown experiment {args.kind!r} (one of: {', '.join(known_kinds())})")])
-    print_table(_console(), f"{exp.kind}: {exp.description}", ["key", "type", "default", "meaning"],
-                describe_schema(full_schema(exp)), keep=(0,))
+        print_table(_console(), f"{exp.kind}: {exp.description}", ["key", "type", "default", "meaning"],
+                    describe_schema(full_schema(exp)), keep=(0,))
+        return 0
+    try:
+        path = find_scenario(args.kind)
+    except ScenarioError:
+        path = None
+    if path is None or not path.is_file():
+        raise ScenarioError([("kind", f"{args.kind!r} is neither an experiment kind ({', '.join(known_kinds())}) "
+                                      "nor a scenario file or bundled scenario name (see `fedmem list`)")])
+    sc = load_scenario(path, list(getattr(args, "set", None) or []))
+    rows = [[k, repr(v)] for k, v in _flat(sc.config.to_dict()).items()]
+    print_table(_console(), f"{sc.name} ({sc.experiment.kind}) from {path}", ["key", "value"], rows, keep=(0,),
+                note=f"run it: fedmem run {args.kind}; every key of the kind: fedmem show {sc.experiment.kind}")
     return 0
 
 
@@ -394,36 +612,90 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_compare(args) -> int:
+    """Headline metrics and verdicts of several run folders side by side: a table on stdout, and
+    compare.md / compare.csv / compare.png / compare.pdf in ``--out`` (default runs/compare-<time>)."""
+    import csv
+
+    from fedmem.figures import compare_figure
+    from fedmem.report import _fmt, compare_runs, to_jsonable
+
+    try:
+        cmp = compare_runs([Path(d) for d in args.run_dirs], all_metrics=args.all)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    out_dir = Path(args.out) if args.out else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig = compare_figure(out_dir, cmp["runs"], cmp["numeric"])
+    cells = [[_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v) for v in row] for row in cmp["rows"]]
+    with open(out_dir / "compare.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["key", *cmp["runs"]])
+        w.writerows(cells)
+    md = ["# fedmem compare", "", "| key | " + " | ".join(cmp["runs"]) + " |", "|---" * (len(cmp["runs"]) + 1) + "|"]
+    md += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+    md += ["", f"Run folders: {', '.join(str(d) for d in args.run_dirs)}"]
+    if fig is not None:
+        md += ["", "![compare](compare.png)"]
+    (out_dir / "compare.md").write_text("\n".join(md) + "\n")
+    if args.json:
+        print(json.dumps(to_jsonable({**cmp, "out": str(out_dir)}), indent=2))
+        return 0
+    note = (f"{cmp['omitted']} more metric(s) not shown (--all shows them). " if cmp["omitted"] else "") + \
+        f"Written: {out_dir}/compare.md, compare.csv" + (", compare.png, compare.pdf" if fig is not None else "")
+    print_table(_console(), "Runs side by side", ["key", *cmp["runs"]], cells, note=note, keep=(0,))
+    return 0
+
+
+RAY_ADDRESS_HELP = ("attach to this Ray cluster (auto, ray://host:port or host:port; 'local' = a private local "
+                    "instance). Default: $RAY_ADDRESS when set (as ray.init() and `ray job submit` entrypoints "
+                    "use it), else a private local instance, even beside a running `ray start` cluster")
+
 def build_parser() -> argparse.ArgumentParser:
     from fedmem import __version__
 
     p = argparse.ArgumentParser(prog="fedmem", description="Federated agent memory under DP, and attacks on it.")
     p.add_argument("--version", action="version", version=f"fedmem {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="validate and run one scenario file")
-    r.add_argument("file", help="scenario TOML file, e.g. scenarios/support_leak_40.toml")
+    r = sub.add_parser("run", help="validate and run one scenario (a file or a bundled name such as dp_demo)")
+    r.add_argument("file", help="scenario TOML file (scenarios/support_leak_40.toml) or the name of a bundled "
+                                "scenario (dp_demo; see `fedmem list`)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a scenario key (TOML literal), repeatable: --set federation.shards=100")
     r.add_argument("--out", help="run folder (default runs/<name>-<timestamp>); must be new or empty "
                                  "unless --resume is given")
     r.add_argument("--resume", action="store_true", help=RESUME_HELP)
     r.add_argument("--json", action="store_true", help="print results.json to stdout; no progress bars")
-    r.add_argument("--ray-address", help="attach to an existing Ray cluster instead of starting a local one")
+    r.add_argument("--ray-address", help=RAY_ADDRESS_HELP)
     r.set_defaults(func=cmd_run)
-    ls = sub.add_parser("list", help="list scenario files with their one-line descriptions")
+    v = sub.add_parser("validate", help="check scenario files (or bundled names) without running them; "
+                                        "exit 0 when all are valid, 2 otherwise")
+    v.add_argument("files", nargs="+", metavar="FILE")
+    v.add_argument("--set", action="append", metavar="KEY=VALUE", help="override applied to every file")
+    v.set_defaults(func=cmd_validate)
+    ls = sub.add_parser("list", help="list the bundled scenarios (name, kind, description)")
     ls.add_argument("--dir", default=str(SCENARIO_DIR if SCENARIO_DIR.is_dir() else "scenarios"))
     ls.set_defaults(func=cmd_list)
-    sh = sub.add_parser("show", help="show every key of an experiment kind, with defaults and meaning")
-    sh.add_argument("kind")
+    sh = sub.add_parser("show", help="show every key of an experiment kind (dp.demo), or the resolved keys "
+                                     "of a scenario (dp_demo or a file)")
+    sh.add_argument("kind", metavar="KIND_OR_SCENARIO")
     sh.set_defaults(func=cmd_show)
+    c = sub.add_parser("compare", help="headline metrics and verdicts of several run folders side by side "
+                                       "(table, compare.csv/.md and one figure)")
+    c.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    c.add_argument("--out", help="folder for compare.md/.csv/.png/.pdf (default runs/compare-<timestamp>)")
+    c.add_argument("--all", action="store_true", help="show every metric, not only the first 40")
+    c.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    c.set_defaults(func=cmd_compare)
     d = sub.add_parser("demo", help="run the main demo (what `make demo` runs)")
-    d.add_argument("--ray-address", help="attach to an existing Ray cluster")
+    d.add_argument("--ray-address", help=RAY_ADDRESS_HELP)
     d.set_defaults(func=cmd_demo)
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = ["fedmem", *argv] if argv is not None else list(sys.argv)
     debug = os.environ.get("FEDMEM_DEBUG") == "1"
     hint = "(FEDMEM_DEBUG=1 shows the traceback)"
     try:
@@ -434,9 +706,13 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(f"fedmem: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("fedmem: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        import signal
+
+        signame = getattr(exc, "signame", "SIGINT")
+        extra = getattr(exc, "resume_hint", None)
+        print("fedmem: interrupted" + (f" ({signame}); {extra}" if extra else ""), file=sys.stderr)
+        return 128 + int(getattr(signal, signame, signal.SIGINT))
     except RunFailed as exc:
         if debug:
             raise

@@ -67,6 +67,9 @@ class Experiment:
     schema: Schema
     run: Callable[["Config", Any], Any]
     cross_checks: Callable[["Config"], list[tuple[str, str]]] | None = None
+    # Up-front memory estimate: (key, what with the real sizes, bytes) per large allocation;
+    # load_scenario refuses one that cannot fit, naming the key, before anything runs.
+    memory: Callable[["Config"], list[tuple[str, str, float]]] | None = None
 
 
 class Config(Mapping):
@@ -137,6 +140,27 @@ def _validate(data: Mapping, schema: Schema, prefix: str, problems: list, out: d
             problems.append((loc, msg))
             continue
         out[key] = spec.coerce(value)
+        msg = _magnitude_problem(out[key])
+        if msg:
+            problems.append((loc, msg))
+
+
+# Finite numbers above this magnitude overflow the computations they feed (sensitivities
+# 2*clip/n, squared errors, exp(eps)) long after validation; no fedmem setting needs them.
+# ``inf`` stays allowed where a key accepts it ("disabled"), so does any integer that
+# fits the sizes checked by the experiment's own cross-checks.
+MAX_MAGNITUDE = 1e30
+
+
+def _magnitude_problem(value) -> str | None:
+    import math
+
+    items = value if isinstance(value, list) else [value]
+    for v in items:
+        if isinstance(v, float) and math.isfinite(v) and abs(v) > MAX_MAGNITUDE:
+            return (f"{v!r} is too large: finite values above {MAX_MAGNITUDE:g} overflow later computations "
+                    "(use inf where the key allows it)")
+    return None
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -218,9 +242,23 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     _validate(data, full_schema(experiment), "", problems, out)
     if not problems and experiment.cross_checks is not None:
         problems.extend(experiment.cross_checks(Config(out)))
+    if not problems and experiment.memory is not None:
+        problems.extend(memory_problems(experiment.memory(Config(out))))
     if problems:
         raise ScenarioError([(loc if loc.startswith("--set") else f"{path}: {loc}", msg) for loc, msg in problems])
     return Scenario(path=path, experiment=experiment, config=Config(out), overrides=overrides)
+
+
+def memory_problems(estimates) -> list[tuple[str, str]]:
+    """Problems for the estimated allocations ``(key, what, bytes)`` that cannot fit in memory."""
+    from fedmem import _validate as V
+
+    out = []
+    for key, what, nbytes in estimates:
+        msg = V.memory_problem(what, float(nbytes))
+        if msg:
+            out.append((key, msg))
+    return out
 
 
 def describe_schema(schema: Schema, prefix: str = "") -> list[tuple[str, str, str, str]]:

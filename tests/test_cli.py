@@ -15,11 +15,11 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "scenarios" / "dp_demo.toml"
 
 
-def fedmem(*args, timeout=300, columns="200") -> subprocess.CompletedProcess:
+def fedmem(*args, timeout=300, columns="200", cwd=REPO) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", COLUMNS=columns)
     env.pop("FEDMEM_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "fedmem.cli", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, env=env, cwd=REPO)
+                          text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 fedmem_cli = fedmem  # the name used where `fedmem` (the package) is imported too
@@ -27,11 +27,12 @@ fedmem_cli = fedmem  # the name used where `fedmem` (the package) is imported to
 
 @pytest.fixture(scope="module")
 def demo_runs(tmp_path_factory):
-    """Two runs of the demo with the same seed into two fresh folders."""
+    """Two runs of the demo with the same seed into two fresh folders: one from the file, one by the
+    bundled scenario's name from a folder that has no scenarios/."""
     base = tmp_path_factory.mktemp("runs")
     out = []
-    for i in range(2):
-        res = fedmem("run", DEMO, "--out", base / f"r{i}", "--json")
+    for i, (scenario, cwd) in enumerate([(DEMO, REPO), ("dp_demo", base)]):
+        res = fedmem("run", scenario, "--out", base / f"r{i}", "--json", cwd=cwd)
         assert res.returncode == 0, res.stderr
         out.append((base / f"r{i}", json.loads(res.stdout)))
     return out
@@ -40,10 +41,10 @@ def demo_runs(tmp_path_factory):
 def test_list_shows_every_scenario_with_description():
     res = fedmem("list")
     assert res.returncode == 0, res.stderr
-    assert "dp_demo.toml" in res.stdout and "dp.demo" in res.stdout
+    assert "dp_demo" in res.stdout and "dp.demo" in res.stdout
     assert "Tour of the DP core" in res.stdout
     for f in (REPO / "scenarios").glob("*.toml"):
-        assert f.name[:12] in res.stdout
+        assert f.stem in res.stdout
 
 
 def test_show_lists_keys_with_defaults():
@@ -339,6 +340,206 @@ def test_random_tables_keep_every_cell_intact():
 def test_list_at_80_columns_shows_whole_file_names():
     env_res = fedmem_cli("list", columns="80")
     assert env_res.returncode == 0, env_res.stderr
-    assert "\u2026" not in env_res.stdout
+    assert "\u2026" not in env_res.stdout and "(column" not in env_res.stdout
+    assert max(len(line) for line in env_res.stdout.splitlines()) <= 80
+    lines = env_res.stdout.splitlines()
     for f in (REPO / "scenarios").glob("*.toml"):
-        assert f.name in env_res.stdout
+        assert any(line.split()[:1] == [f.stem] for line in lines), f.stem   # one line per scenario: name, kind
+
+
+# ------------------------------------------------------------------ a run folder is one run (issue 24)
+def _bytes(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_resume_refuses_another_kind_or_scenario(demo_runs):
+    folder, _ = demo_runs[0]
+    before = _bytes(folder)
+    other = fedmem_cli("run", "support_leak_40", "--out", folder, "--resume", "--json")
+    assert other.returncode == 2 and other.stdout == "" and "Traceback" not in other.stderr
+    assert "holds a run of kind 'dp.demo'" in other.stderr and "'federation.support_leak'" in other.stderr
+    changed = fedmem_cli("run", DEMO, "--out", folder, "--resume", "--set", "seed=8", "--set", "release.attempts=3")
+    assert changed.returncode == 2, changed.stderr
+    assert "holds a different scenario" in changed.stderr
+    assert "seed: 7 there, 8 here" in changed.stderr and "release.attempts: 14 there, 3 here" in changed.stderr
+    assert _bytes(folder) == before          # nothing written, nothing booked
+
+
+def test_scenario_hash_is_sha256sum_of_the_resolved_file(demo_runs):
+    import hashlib
+    import tomllib
+
+    folder, payload = demo_runs[0]
+    resolved = folder / "scenario.resolved.toml"
+    assert payload["provenance"]["scenario_sha256"] == hashlib.sha256(resolved.read_bytes()).hexdigest()
+    assert tomllib.loads(resolved.read_text())["name"] == "dp_demo"
+    assert demo_runs[1][1]["provenance"]["scenario_sha256"] == payload["provenance"]["scenario_sha256"]
+    prov = payload["provenance"]
+    assert prov["argv"][1:4] == ["run", str(DEMO), "--out"] and prov["ray_address"] is None
+    manifest = json.loads((folder / "run.json").read_text())
+    assert manifest["status"] == "complete" and manifest["scenario_sha256"] == prov["scenario_sha256"]
+
+
+_KILLER = """
+import os, signal, sys
+from fedmem.experiments import dp_demo
+def stop(*a, **k):
+    os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+    import time
+    time.sleep(30)
+dp_demo.selections_that_fit = stop      # runs after the 'releases' and 'selections' phases
+from fedmem import cli
+sys.exit(cli.main(["run", "dp_demo", "--out", sys.argv[1]]))
+"""
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_signal_writes_interrupted_folder_and_resume_continues_after_completed_phases(tmp_path, sig, code):
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", _KILLER, str(out), sig], capture_output=True, text=True,
+                         timeout=300, env=env, cwd=tmp_path)
+    assert res.returncode == code, res.stderr
+    assert "Traceback" not in res.stderr and "*** SIGTERM" not in res.stderr
+    assert f"interrupted ({sig})" in res.stderr and "--resume" in res.stderr
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["status"] == "interrupted" and payload["ok"] is False
+    assert payload["phases_completed"] == ["releases", "selections"] and payload["error"] == f"{sig} received"
+    report = (out / "report.md").read_text()
+    assert "INTERRUPTED" in report and "--resume" in report
+    bookings = payload["ledgers"][0]["bookings_total"]
+    assert bookings == 13       # the ledger is there (and resumable)
+    _check_schema(payload)
+
+    again = fedmem_cli("run", "dp_demo", "--out", out, "--resume", "--json")
+    assert again.returncode == 0, again.stderr
+    done = json.loads(again.stdout)
+    assert done["status"] == "complete" and done["phases_restored"] == ["releases", "selections"]
+    assert done["metrics"]["released"] == 13            # restored, not re-run against a spent budget
+    demo = done["ledgers"][0]
+    assert (demo["bookings_this_run"], demo["bookings_total"]) == (0, 13)
+    assert demo["epsilon_this_run"] == 0 and demo["epsilon_total"] > 1
+    assert "## Privacy ledger: this run vs ledger total across resumes" in (out / "report.md").read_text()
+
+
+def test_failure_before_the_first_booking_leaves_no_ledger(monkeypatch, capsys, tmp_path):
+    from fedmem import cli
+    from fedmem.dp import DurableStore
+
+    def fails_at_start(cfg, ctx):
+        DurableStore(ctx.out_dir / "ledger.sqlite")     # the ledger is opened, nothing booked
+        raise ConnectionError("could not reach the Ray cluster")
+
+    _fake_demo(monkeypatch, fails_at_start)
+    out = tmp_path / "o"
+    assert cli.main(["run", str(DEMO), "--out", str(out)]) == 1
+    assert not out.exists()
+    out.mkdir()
+    assert cli.main(["run", str(DEMO), "--out", str(out)]) == 1
+    assert out.is_dir() and list(out.iterdir()) == []     # the same --out can be used again
+
+
+def test_failure_after_a_booking_keeps_the_ledger_and_says_failed(monkeypatch, capsys, tmp_path):
+    from fedmem import cli
+    from fedmem.dp import Accountant, DurableStore, GaussianMechanism
+
+    def fails_later(cfg, ctx):
+        acc = Accountant("rdp", store=DurableStore(ctx.out_dir / "ledger.sqlite"), name="x")
+        acc.book(GaussianMechanism.calibrate(1.0, 1e-6, 1.0).event())
+        raise RuntimeError("worker died")
+
+    _fake_demo(monkeypatch, fails_later)
+    out = tmp_path / "o"
+    assert cli.main(["run", str(DEMO), "--out", str(out)]) == 1
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["status"] == "failed" and "worker died" in payload["error"]
+    assert payload["ledgers"][0]["bookings_total"] == 1
+    _check_schema(payload)
+
+
+# ------------------------------------------------------------------ scenarios by name, validate, show
+def test_validate_checks_without_running(tmp_path):
+    ok = fedmem_cli("validate", "dp_demo", DEMO, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.count("ok ") == 2 and list(tmp_path.iterdir()) == []
+    bad = tmp_path / "bad.toml"
+    bad.write_text('kind = "dp.demo"\nseed = -1\n')
+    res = fedmem_cli("validate", "dp_demo", bad, "--set", "data.clip=1e308")
+    assert res.returncode == 2 and "Traceback" not in res.stdout + res.stderr
+    assert "data.clip: 1e+308 is too large" in res.stdout
+    assert "seed" in res.stdout and "release.epsilon" in res.stdout
+    missing = fedmem_cli("validate", "dp_dem")
+    assert missing.returncode == 2 and "did you mean dp_demo" in missing.stdout
+
+
+def test_show_a_scenario_by_name():
+    res = fedmem_cli("show", "dp_demo")
+    assert res.returncode == 0, res.stderr
+    assert "release.epsilon" in res.stdout and "dp.demo" in res.stdout
+    res = fedmem_cli("show", "no_such_thing")
+    assert res.returncode == 2 and "neither an experiment kind" in res.stderr
+
+
+@pytest.mark.parametrize("scenario, override, key", [
+    ("support_leak_40", "federation.shards=1000000000", "federation.shards"),
+    ("support_leak_40", "attack.queries=1000000000000", "attack.queries"),
+    ("support_leak_40", "federation.clip=1e308", "federation.clip"),
+    ("dp_demo", "data.clip=1e308", "data.clip"),
+])
+def test_sizes_and_overflowing_values_named_by_key_before_anything_runs(scenario, override, key, tmp_path):
+    res = fedmem_cli("run", scenario, "--set", override, "--out", tmp_path / "o", timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert f": {key}: " in res.stderr and "Traceback" not in res.stderr
+    assert "=inf" not in res.stderr and "inf GiB" not in res.stderr      # real sizes in the hint, never inf
+    assert not (tmp_path / "o").exists()
+
+
+def test_resource_hint_names_real_sizes_never_inf():
+    from fedmem.cli import _largest_settings
+
+    cfg = {"federation": {"shards": 40, "epsilon_budget": float("inf"), "total_epsilon_budget": float("inf"),
+                          "records_per_shard": 50}, "seed": 10**9}
+    assert _largest_settings(cfg) == "federation.records_per_shard=50, federation.shards=40"
+
+
+def test_long_phases_print_progress_without_a_terminal(tmp_path, capsys):
+    from fedmem.report import RunContext
+
+    ctx = RunContext(tmp_path, 0, show_progress=False, quiet=True)
+    ctx.heartbeat_s = 0.0
+    assert list(ctx.progress(range(3), description="adaptive queries")) == [0, 1, 2]
+    err = capsys.readouterr().err
+    assert "[fedmem] adaptive queries: 1/3" in err and "about" in err
+
+
+# ------------------------------------------------------------------ compare and the results.json schema
+def _check_schema(payload):
+    jsonschema = pytest.importorskip("jsonschema")
+    from fedmem.report import results_schema
+
+    schema = results_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(payload)
+
+
+def test_results_json_matches_the_shipped_schema(demo_runs):
+    for folder, payload in demo_runs:
+        _check_schema(json.loads((folder / "results.json").read_text()))
+    broken = dict(demo_runs[0][1], status="done")
+    with pytest.raises(Exception, match="done"):
+        _check_schema(broken)                  # the schema can fail
+
+
+def test_compare_puts_runs_side_by_side(demo_runs, tmp_path):
+    (a, _), (b, _) = demo_runs
+    res = fedmem_cli("compare", a, b, "--out", tmp_path / "cmp", columns="120")
+    assert res.returncode == 0, res.stderr
+    for word in ("status", "verdict", "released", "scenario_sha256", a.name, b.name):
+        assert word in res.stdout, word
+    for name in ("compare.md", "compare.csv", "compare.png", "compare.pdf"):
+        assert (tmp_path / "cmp" / name).is_file(), name
+    as_json = json.loads(fedmem_cli("compare", a, b, "--out", tmp_path / "cmp2", "--json").stdout)
+    rows = {r[0]: r[1:] for r in as_json["rows"]}
+    assert rows["status"] == ["complete", "complete"] and rows["released"] == [13, 13]
+    bad = fedmem_cli("compare", a, tmp_path)
+    assert bad.returncode == 2 and "no results.json" in bad.stderr

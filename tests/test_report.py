@@ -53,9 +53,10 @@ def test_results_json_has_provenance(tmp_path):
     assert prov["packages"]["numpy"] == metadata.version("numpy") == np.__version__
     assert prov["phase_seconds"] == {"reconstruction": 1.25, "differencing": 0.5}
     assert json.loads((out / "results.json").read_text())["metrics"]["phase_seconds"]["differencing"] == 0.5
-    # The hash is that of the resolved scenario's TOML (the file without its comment line).
-    body = (out / "scenario.resolved.toml").read_text(encoding="utf-8").split("\n", 1)[1]
-    assert prov["scenario_sha256"] == hashlib.sha256(body.encode("utf-8")).hexdigest()
+    # The hash is that of scenario.resolved.toml exactly as written (what `sha256sum` prints).
+    assert prov["scenario_sha256"] == hashlib.sha256((out / "scenario.resolved.toml").read_bytes()).hexdigest()
+    assert prov["argv"] and isinstance(prov["argv"], list) and "ray_address" in prov
+    assert tomllib.loads((out / "scenario.resolved.toml").read_text())["name"] == "dp_demo"   # keeps its name
     m = prov["machine"]
     assert m["cpu_count"] >= 1 and m["python"].count(".") == 2 and m["platform"]
     assert m["memory_bytes"] is None or m["memory_bytes"] > 2**20
