@@ -19,6 +19,7 @@ FAMILIES: dict[str, str] = {
     "memview": "fedmem.experiments.memview",
     "flower": "fedmem.experiments.flower",
     "agents": "fedmem.experiments.agents",
+    "audit": "fedmem.experiments.audit",
 }
 
 KINDS: dict[str, tuple[str, ...]] = {
@@ -29,6 +30,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "memview": ("memview.table2", "memview.table3", "memview.table4"),
     "flower": ("flower.support_leak",),
     "agents": ("agents.session",),
+    "audit": ("audit.tightness",),
 }
 
 
