@@ -1,0 +1,1 @@
+"""fedmem-flower-app: memory shards as Flower ClientApps behind fedmem's gateway."""
