@@ -1,5 +1,9 @@
 """Add fedmem's support gateway to an existing Flower 1.42 ServerApp (SecAgg+ + central DP).
 
+Legacy API example: Flower 1.42 offers SecAgg+ only through the legacy ``SecAggPlusWorkflow``
+(legacy ``Strategy``), and this script uses Flower's deprecated ``run_simulation``. For the
+Message API and ``flwr run`` see ``examples/flower-app/`` (the primary way).
+
 The Flower part is stock: a NumPyClient, ``secaggplus_mod``, ``FedAvg``,
 ``DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(...))``. The fedmem part is the block
 marked ``# --- fedmem`` in ``server_main``: wrap the strategy, give it an accountant, and
