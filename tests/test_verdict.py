@@ -46,7 +46,7 @@ def test_no_power_says_so():
     assert v.label == "no leak seen" and v.power < 4.25
     assert v.text == f"no leak seen (power {v.power:.2f} < 4.25 booked)"
     v = judge(pos, neg, math.inf)
-    assert v.label == "no leak seen" and not v.ceiling_crossed
+    assert v.label == "no leak seen" and not v.ceiling_crossed and "nothing claimed" in v.text
 
 
 def test_separation_pvalue_matches_permutation_and_is_monotone():

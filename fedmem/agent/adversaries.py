@@ -45,13 +45,19 @@ import numpy as np
 REPORT_DELTA_PURE = 1e-9   # delta passed to the lower bound for pure-DP boundaries (app, external)
 
 
-def _report(pos, neg, *, delta, rng, claim):
+def _report(pos, neg, *, delta, rng, claim, trusted=False):
     from fedmem.attacks.support import membership_report
+    from fedmem.attacks.verdict import judge
 
     r = membership_report(np.asarray(pos, float), np.asarray(neg, float), delta=delta, rng=rng,
                           epsilon_claim=claim, n_boot=400)
+    # one verdict rule (fedmem.attacks.verdict): an undefended side booked nothing (judged against 0);
+    # a trusted observer (the aggregator) claims nothing (inf)
+    booked = claim if (math.isfinite(claim) or trusted) else 0.0
+    v = judge(np.asarray(pos, float), np.asarray(neg, float), booked, delta if 0 < booked < math.inf else 0.0)
     return {"n_pos": r.n_pos, "n_neg": r.n_neg, "auc": r.auc, "auc_ci": list(r.auc_ci), "tpr_at_1fpr": r.tpr_at_1,
-            "eps_lower": r.eps_lower, "ceiling_violations": r.ceiling_violations, "epsilon_claim": r.epsilon_claim}
+            "eps_lower": v.eps_lower, "ceiling_violations": r.ceiling_violations, "epsilon_claim": r.epsilon_claim,
+            "power": v.power, "label": v.label, "verdict": v.text}
 
 
 # --------------------------------------------------------------------------- app (DP-MemView)
@@ -299,7 +305,8 @@ def federation_games(service, neighbour, target, trials: int, rng: np.random.Gen
                     f"principal each; score = Gaussian log-likelihood ratio against both worlds' exact means",
         },
         "aggregator": {
-            "defended": _report(scores["agg_with"], scores["agg_without"], delta=delta, rng=rng, claim=math.inf),
+            "defended": _report(scores["agg_with"], scores["agg_without"], delta=delta, rng=rng, claim=math.inf,
+                                trusted=True),
             "booked": {"kind": "nothing: the aggregator is trusted with what the plan opens", "median": 0.0,
                        "max": 0.0},
             "game": "same queries; the aggregator's view is the opened selected sum (exact); same score on sums",

@@ -152,6 +152,8 @@ def _text(label: str, eps_lower: float, eps_booked: float, delta: float, power: 
                 f"CP eps >= {eps_lower:.2f}, power {power:.2f})")
     if label == WITHIN:
         return f"within booked (eps >= {eps_lower:.2f} <= {booked} booked; power {power:.2f})"
+    if math.isinf(eps_booked):
+        return f"no leak seen (nothing claimed: trusted; power {power:.2f})"
     return f"no leak seen (power {power:.2f} < {booked} booked)"
 
 

@@ -243,9 +243,10 @@ def run(cfg, ctx) -> Result:
                      f"{a.check_contexts or 'all'} contexts per agent)")
     bt = Table("Adversary at each boundary: defended agent vs undefended agent (same tasks and seeds)",
                ["boundary", "agent", "n (pos/neg)", "AUC [95% CI]", "TPR@1%FPR", "eps lower bound",
-                "booked (median / max)", "ceiling violations", "utility"], boundary_rows,
+                "booked (median / max)", "ceiling violations", "utility", "verdict"], boundary_rows,
                note="membership_report: AUC with stratified bootstrap CI, held-out Clopper-Pearson epsilon lower "
-                    "bound (alpha 0.05), ROC points provably above the booked epsilon's DP ceiling. docs/agents.md "
+                    "bound (alpha 0.05), ROC points provably above the booked epsilon's DP ceiling; verdict by the one "
+                    "rule of fedmem.attacks.verdict.judge (undefended: judged against 0 booked). docs/agents.md "
                     "describes each game.")
     tt = Table("Where time goes", ["phase", "seconds"],
                [[k, round(v, 3) if isinstance(v, float) else v] for k, v in timings.items()]
@@ -268,7 +269,7 @@ def _boundary_rows(games, fed_util) -> list:
     for key in ("app", "external", "peer", "aggregator"):
         g = games.get(key, {})
         if "skipped" in g or not g:
-            rows.append([names[key], "-", g.get("skipped", "not run"), "", "", "", "", "", ""])
+            rows.append([names[key], "-", g.get("skipped", "not run"), "", "", "", "", "", "", ""])
             continue
         b = g["booked"]
         util = g.get("utility")
@@ -276,13 +277,14 @@ def _boundary_rows(games, fed_util) -> list:
             util = {"defended": fed_util.get("defended"), "undefended": 0.0}
         for side in ("defended", "undefended"):
             if side not in g:
-                rows.append([names[key], side, "n/a (no aggregator: raw memory)", "", "", "", "", "", ""])
+                rows.append([names[key], side, "n/a (no aggregator: raw memory)", "", "", "", "", "", "", ""])
                 continue
             n, auc, tpr, lo, viol = _fmt_report(g[side])
             booked = f"{b['median']:.3g} / {b['max']:.3g}" if side == "defended" else "none"
             u = "" if not util else util.get(side)
             rows.append([names[key], side, n, auc, tpr, lo, booked, viol if side == "defended" else "",
-                         "" if u is None else (f"{u:.3f}" if isinstance(u, float) else u)])
+                         "" if u is None else (f"{u:.3f}" if isinstance(u, float) else u),
+                         g[side].get("verdict", "")])
     return rows
 
 
