@@ -157,3 +157,16 @@ def test_import_fedmem_flower_pulls_no_torch_crypten_or_ray():
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ audit harness (used by the tight audits)
+@pytest.mark.parametrize("dp, api", [("fedmem", "legacy"), ("fedmem", "message"), ("flower", "legacy")])
+def test_make_wrapped_runs_n_rounds_and_books_each(dp, api):
+    from fedmem.flower.harness import make_wrapped, run_wrapped_rounds
+
+    gw = make_wrapped(dp, api=api, num_sampled_clients=M, noise_multiplier=2.0, sensitivity=1.0,
+                      flower_clipping_norm=1.0)
+    outs = run_wrapped_rounds(gw, [_replies()] * 3)
+    assert all(o is not None and o[0].shape == (D,) for o in outs)
+    assert gw.gateway.principal_accountant(gw.principal).count == 3
+    assert gw.epsilon_per_round == pytest.approx(epsilon_of(2.0, 1e-6))

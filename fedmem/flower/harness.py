@@ -10,6 +10,8 @@ code that runs in a deployment.
   :class:`~fedmem.flower.gateway.SupportGatewayStrategy` (or any legacy strategy).
 * :func:`message_round` / :func:`run_message_rounds`: a
   :class:`~fedmem.flower.message_api.GatewayStrategy` (or any Message-API strategy).
+* :func:`make_wrapped` + :func:`run_wrapped_rounds`: N rounds of a wrapper (``dp="fedmem"`` or
+  ``"flower"``, either API) with unlimited budgets, for privacy audits.
 * :class:`Spy`: records what a wrapped strategy's aggregation receives (the inner
   strategy's view, an observer in the audits).
 
@@ -22,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["FakeClientManager", "FakeGrid", "Spy", "legacy_round", "run_legacy_rounds", "message_round",
-           "run_message_rounds"]
+__all__ = ["FakeClientManager", "FakeGrid", "Spy", "legacy_round", "make_wrapped", "message_round", "run_legacy_rounds",
+           "run_message_rounds", "run_wrapped_rounds"]
 
 
 # ----------------------------------------------------------------------------- legacy API
@@ -162,3 +164,61 @@ class Spy:
                 return orig_t(server_round, replies)
 
             strategy.aggregate_train = aggregate_train
+
+
+# ----------------------------------------------------------------------------- audits: N wrapped rounds
+def make_wrapped(dp: str = "fedmem", *, api: str = "legacy", num_sampled_clients: int, noise_multiplier: float,
+                 sensitivity: float, public_num_examples: int = 5, seed: int = 0, inner=None,
+                 flower_clipping_norm: float | None = None, delta: float = 1e-6):
+    """A gateway wrapper with unlimited budgets, for audits.
+
+    ``dp="fedmem"``: the gateway's own release (secure sampler) around ``inner`` (default
+    FedAvg of the chosen ``api``). ``dp="flower"`` (legacy only): Flower's
+    ``DifferentialPrivacyClientSideFixedClipping(FedAvg, noise_multiplier,
+    flower_clipping_norm)`` inside the gateway; its noise is numpy's float sampler on the
+    GLOBAL numpy RNG (seed it yourself with ``np.random.seed`` for a reproducible audit).
+    The wrapper's ``epsilon_per_round`` is what one round books.
+    """
+    import math
+
+    from fedmem.dp import Accountant
+
+    m = int(num_sampled_clients)
+    if api not in ("legacy", "message"):
+        raise ValueError(f"api must be 'legacy' or 'message'. Found {api!r}.")
+    if dp not in ("fedmem", "flower"):
+        raise ValueError(f"dp must be 'fedmem' or 'flower'. Found {dp!r}.")
+    common = dict(public_num_examples=public_num_examples, epsilon_budget=math.inf, total_epsilon_budget=math.inf,
+                  delta=delta)
+    if api == "message":
+        if dp != "fedmem":
+            raise ValueError("dp must be 'fedmem' with api='message' (Flower's Message-API DP wrappers are not "
+                             "wrapped by fedmem). Found 'flower'.")
+        from flwr.serverapp.strategy import FedAvg
+
+        from fedmem.flower.message_api import GatewayStrategy
+
+        return GatewayStrategy(inner or FedAvg(min_train_nodes=m, min_available_nodes=m), noise_multiplier,
+                               sensitivity, m, rng=np.random.default_rng(seed), **common)
+    from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
+
+    from fedmem.flower.gateway import SupportGatewayStrategy
+
+    if dp == "flower":
+        if flower_clipping_norm is None:
+            raise ValueError("flower_clipping_norm must be given with dp='flower'. Found None.")
+        wrapped = DifferentialPrivacyClientSideFixedClipping(
+            inner or FedAvg(min_fit_clients=m, min_available_clients=m), noise_multiplier=noise_multiplier,
+            clipping_norm=flower_clipping_norm, num_sampled_clients=m)
+        return SupportGatewayStrategy(wrapped, Accountant("rdp"), num_sampled_clients=m, dp="flower",
+                                      sensitivity=sensitivity, **common)
+    return SupportGatewayStrategy(inner or FedAvg(min_fit_clients=m, min_available_clients=m), Accountant("rdp"),
+                                  num_sampled_clients=m, dp="fedmem", noise_multiplier=noise_multiplier,
+                                  sensitivity=sensitivity, rng=np.random.default_rng(seed), **common)
+
+
+def run_wrapped_rounds(strategy, rounds, *, first_round: int = 1, **kw) -> list:
+    """Run ``rounds`` (each: one reply per client, a list of arrays) through a wrapper from
+    :func:`make_wrapped` (either API); returns each round's released arrays (None: nothing released)."""
+    run = message_round if hasattr(strategy, "aggregate_train") else legacy_round
+    return [run(strategy, first_round + i, replies, **kw)[0] for i, replies in enumerate(rounds)]
