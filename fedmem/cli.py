@@ -569,13 +569,15 @@ def cmd_demo(args) -> int:
                      [num(get(m, "differencing", "eps_lower"), "{:.2f}") for m in runs]))
         rows.append(("  ... epsilon booked for that query",
                      [num(get(m, "differencing", "eps_booked"), "{:.2f}") for m in runs]))
+        rows.append(("  ... verdict (fedmem.attacks.verdict: one rule)",
+                     [num(get(m, "differencing", "verdict")) for m in runs]))
         rows.append(("support-leaky answers that reached the agent",
                      [num(get(m, "forwarded_leaky"), "{}") for m in runs]))
         rows.append(("answers with a channel the accountant does not cover",
                      [num(get(m, "forwarded_unbooked"), "{}") for m in runs]))
         rows.append(("attacks that leak beyond what was booked",
                      [", ".join(k for k, v in get(m, "attacks", default={}).items()
-                                if str(v.get("verdict", "")).startswith(("LEAKS", "EXCEEDS"))) or "none"
+                                if str(v.get("verdict", "")).startswith(("LEAK", "EXCEEDS"))) or "none"
                       for m in runs]))
         rows.append(("  ... of attacks run (refusals, admission, timing, retries, sybils, ...)",
                      [str(len(get(m, "attacks", default={}))) for m in runs]))
