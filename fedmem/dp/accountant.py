@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -63,6 +64,15 @@ _DPA_MODULE = "dp_accounting.dp_event"
 _LEGACY_TYPES = ("pure", "approx", "gaussian", "laplace", "self_composed", "composed")
 
 
+_TO_DICT_MEMO: dict = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _named_tuple_class(name: str, fields: tuple):
+    """The named-tuple class dp-accounting's deserialiser takes (made once per shape, not per row)."""
+    return collections.namedtuple(f"_{name}NamedTuple", ["module_name", "class_name", *fields])
+
+
 def _tuple_to_json(value):
     if isinstance(value, (PureDpEvent, ApproxDpEvent)):
         return event_to_dict(value)
@@ -82,7 +92,17 @@ def event_to_dict(event) -> dict:
     if isinstance(event, (PureDpEvent, ApproxDpEvent)):
         return {"module_name": _FEDMEM_MODULE, "class_name": type(event).__name__, **dataclasses.asdict(event)}
     if isinstance(event, dp_accounting.DpEvent):
-        return _tuple_to_json(event.to_named_tuple())
+        # to_named_tuple builds a namedtuple class per call (exec/eval, ~1 ms): memoised per
+        # (frozen, hashable) event; every caller gets its own deep copy
+        try:
+            got = _TO_DICT_MEMO.get(event)
+        except TypeError:   # an unhashable event: no memo
+            return _tuple_to_json(event.to_named_tuple())
+        if got is None:
+            got = _tuple_to_json(event.to_named_tuple())
+            if len(_TO_DICT_MEMO) < 4096:
+                _TO_DICT_MEMO[event] = got
+        return copy.deepcopy(got)
     raise TypeError(f"event must be a dp_accounting.DpEvent, PureDpEvent or ApproxDpEvent. "
                     f"Found {type(event).__name__}.")
 
@@ -132,7 +152,7 @@ def event_from_dict(d: dict):
         raise ValueError(f"event module_name/class_name must name a dp_accounting.dp_event event or a fedmem "
                          f"PureDpEvent/ApproxDpEvent. Found {module!r}/{name!r}.")
     # The named tuple dp-accounting's own deserialiser takes (nested events already built).
-    nt = collections.namedtuple(f"_{name}NamedTuple", ["module_name", "class_name", *fields])
+    nt = _named_tuple_class(name, tuple(fields))
     try:
         return dp_accounting.DpEvent.from_named_tuple(nt(module, name, **fields))
     except TypeError as exc:
