@@ -464,3 +464,43 @@ def test_other_bit_generators_are_read_as_bytes():
     assert stats.binomtest(int((w >> np.uint64(63)).sum()), w.size, 0.5).pvalue > ALPHA
     y = samplers.discrete_gaussian_ints(3, 2, 20_000, src)
     assert chi2_pvalue(tally(y), _dgauss_pmf_ts(3, 2, 60)) > ALPHA
+
+
+def test_noise_pool_hands_each_draw_out_once_in_order():
+    pool = samplers._NoisePool(max_draws=64)
+    counter = [0]
+
+    def draw(m):
+        out = np.arange(counter[0], counter[0] + m, dtype=np.int64)
+        counter[0] += m
+        return out
+
+    rng = np_rng(50)
+    got = np.concatenate([pool.take(rng, ("gaussian", 3, 1), n, draw) for n in (5, 5, 5, 7, 40, 3, 100, 1)])
+    np.testing.assert_array_equal(got, np.arange(got.size))     # never repeated, never skipped
+    assert counter[0] - got.size <= 64                            # drawn ahead: at most max_draws
+    first = pool.take(np_rng(50), ("gaussian", 3, 1), 4, draw)   # another generator: its own pool
+    assert first[0] == counter[0] - 4
+    # a one-off scale draws exactly what it uses
+    before = counter[0]
+    pool.take(rng, ("gaussian", 5, 1), 9, draw)
+    assert counter[0] - before == 9
+
+
+def test_pooled_releases_are_deterministic_per_generator_and_differ_across_calls():
+    mech = GaussianMechanism(sigma=2.0)
+    r1, r2 = np_rng(51), np_rng(51)
+    a = [mech.release(np.zeros(16), r1) for _ in range(5)]
+    b = [mech.release(np.zeros(16), r2) for _ in range(5)]
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    assert len({x.tobytes() for x in a}) == 5
+
+
+def test_pooled_and_unpooled_noise_have_the_same_law(monkeypatch):
+    monkeypatch.setattr(samplers._POOL, "max_draws", 0)
+    src_law = samplers._discrete_ints("laplace", Fraction(3, 2), 20_000, np_rng(52))
+    monkeypatch.setattr(samplers._POOL, "max_draws", 4096)
+    rng = np_rng(53)
+    pooled = np.concatenate([samplers._discrete_ints("laplace", Fraction(3, 2), 100, rng) for _ in range(200)])
+    assert _two_sample_pvalue(src_law, pooled) > ALPHA
