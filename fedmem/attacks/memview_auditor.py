@@ -310,7 +310,8 @@ def view_audit(events_m: Sequence, events_n: Sequence, attributes, splits, prefi
 # ------------------------------------------------------------------ intervals
 def macro_auc_ci(results: Sequence[AuditResult], alpha: float = 0.05, rng: np.random.Generator | None = None,
                  n_boot: int = 400) -> tuple[float, float, float]:
-    """Seed-mean macro-AUC with a pair-level percentile-bootstrap ``1 - alpha`` interval.
+    """Seed-mean macro-AUC with a pair-level percentile-bootstrap ``1 - alpha`` interval
+    (``scipy.stats.bootstrap``, ``method="percentile"``).
 
     ``results``: one :class:`AuditResult` per EM seed over the same test pairs (the
     ``i``-th positive and negative score of an attribute belong to test pair ``i``).
@@ -339,9 +340,20 @@ def macro_auc_ci(results: Sequence[AuditResult], alpha: float = 0.05, rng: np.ra
 
     n = {a: len(results[0].pos_scores[a]) for a in attrs}
     est = stat({a: np.arange(n[a]) for a in attrs})
-    boots = np.array([stat({a: rng.integers(0, n[a], n[a]) for a in attrs}) for _ in range(int(n_boot))])
-    lo, hi = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
-    return est, float(lo), float(hi)
+    lo, hi = _stratified_bootstrap(stat, attrs, n, alpha, rng, n_boot)
+    return est, lo, hi
+
+
+def _stratified_bootstrap(stat, attrs, n, alpha, rng, n_boot) -> tuple[float, float]:
+    """Percentile interval of ``stat`` by ``scipy.stats.bootstrap``: one sample of pair indices per
+    attribute, each resampled independently (= test pairs resampled within attributes)."""
+    from scipy.stats import bootstrap
+
+    samples = tuple(np.arange(n[a]) for a in attrs)
+    res = bootstrap(samples, lambda *idx: stat({a: np.asarray(i, dtype=np.int64) for a, i in zip(attrs, idx)}),
+                    n_resamples=int(n_boot), vectorized=False, paired=False, method="percentile",
+                    confidence_level=1 - alpha, rng=rng)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def paired_auc_difference(results_a: Sequence[AuditResult], results_b: Sequence[AuditResult], alpha: float = 0.05,
@@ -368,9 +380,6 @@ def paired_auc_difference(results_a: Sequence[AuditResult], results_b: Sequence[
 
     full = {a: np.arange(n[a]) for a in attrs}
     est = float(stat(results_a, full) - stat(results_b, full))
-    boots = []
-    for _ in range(int(n_boot)):
-        idx = {a: rng.integers(0, n[a], n[a]) for a in attrs}
-        boots.append(stat(results_a, idx) - stat(results_b, idx))
-    lo, hi = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
-    return est, float(lo), float(hi)
+    lo, hi = _stratified_bootstrap(lambda idx: stat(results_a, idx) - stat(results_b, idx), attrs, n, alpha, rng,
+                                   n_boot)
+    return est, lo, hi
