@@ -230,7 +230,7 @@ def _float_hypotheses(feds: dict, truths: dict):
     applies, and the sum it selects. The adversary knows both neighbouring datasets in the DP
     game, so it computes both sums offline; ``ground_truth`` is that computation, with the
     parties' fixed-point encoding. Returns ``bad(resp, world)``: the coordinates of
-    ``resp.value`` that ``world`` cannot have produced."""
+    ``resp.value`` (and of noised receipts) that ``world`` cannot have produced."""
     from fedmem.attacks import float_bits as FB
 
     def scale_of(pol, mech):
@@ -247,12 +247,19 @@ def _float_hypotheses(feds: dict, truths: dict):
             d = float(max(1, int(truth.count)))
         v = np.asarray(resp.value, dtype=np.float64)
         total = np.asarray(truth.sum, dtype=np.float64)
+        extra = 0
+        if pol.receipts == "noised" and resp.receipts is not None and truth.tallies is not None:
+            # noised receipts are floats too: fl(tally + Z) per shard
+            rm = pol.receipt_mechanism()
+            extra = int(np.sum(~FB.consistent(np.asarray(resp.receipts, dtype=np.float64),
+                                              np.asarray(truth.tallies, dtype=np.float64), 1.0,
+                                              FB.model_for(pol.noise, pol.sampling, scale_of(pol, rm)))))
         if pol.calibration == "realized":
             model = FB.model_for(pol.noise, pol.sampling, scale_of(pol, pol._mechanism(pol.sigma)))
-            return int(np.sum(~FB.consistent(v, total, d, model)))
+            return extra + int(np.sum(~FB.consistent(v, total, d, model)))
         eff = pol._mechanism(pol.sigma * d / pol.n_bound, d)
         model = FB.model_for(pol.noise, pol.sampling, scale_of(pol, eff))
-        return int(np.sum(~FB.consistent(v, total / d, 1.0, model)))
+        return extra + int(np.sum(~FB.consistent(v, total / d, 1.0, model)))
 
     return bad
 
