@@ -1,4 +1,4 @@
-.PHONY: demo test install clean-runs
+.PHONY: demo test test-fast install clean-runs
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,8 +9,13 @@ install:
 demo: install
 	@$(PY) -m fedmem.cli demo
 
+# The whole suite (what CI runs); the 25 slowest tests are listed at the end.
 test: install
-	@$(PY) -m pytest -q $(PYTEST_ARGS)
+	@$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+
+# Development lane: everything but the tests marked slow (own clusters, subprocess runs).
+test-fast: install
+	@$(PY) -m pytest -q -m "not slow" --durations=10 $(PYTEST_ARGS)
 
 clean-runs:
 	rm -rf runs

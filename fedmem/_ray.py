@@ -1,16 +1,31 @@
 """Starting or attaching to Ray, the one way fedmem does it.
 
-A local run starts its **own private** Ray instance with ``ray.init(address="local")``:
-Ray's explicit request for a new local instance, so it neither attaches to nor disturbs a
-``ray start`` cluster (or ``RAY_ADDRESS``) already on the machine. fedmem stops only what
-it started (``ray.shutdown()`` of its own instance), never ``ray stop``. With an address
-(``--ray-address auto`` or ``ray://...``) it attaches and leaves the cluster running.
+Which Ray a run uses, in order (what ``ray.init()`` users expect, with one exception):
 
-CPU count and object-store size come from the scenario's ``[ray]`` table (``num_cpus``,
-``object_store_mb``; 0 means "the machine's CPU count" and "Ray's default"), never a
-hard-coded number. ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0`` is set before Ray starts: it
-opts into Ray's future behaviour and silences the FutureWarning Ray prints otherwise
-(fedmem uses no accelerators in Ray workers).
+1. an explicit address (``--ray-address``, ``ray_address=``): ``auto``, ``ray://...`` or
+   ``host:port`` attaches to that cluster and leaves it running; ``local`` starts a
+   private instance (Ray's own spelling);
+2. else ``RAY_ADDRESS`` from the environment, exactly as ``ray.init()`` reads it. This is
+   how a ``ray job submit ... -- fedmem run ...`` entrypoint finds its cluster (the job
+   supervisor sets ``RAY_ADDRESS``), and the job's ``runtime_env`` (``working_dir``) then
+   carries fedmem's code to every worker (docs/cluster.md, "Ray Jobs");
+3. else a **private** local instance, ``ray.init(address="local")``. The exception to
+   ``ray.init()``: fedmem does not auto-join a ``ray start`` cluster it merely finds on the
+   machine (``/tmp/ray/ray_current_cluster``); it neither attaches to nor disturbs it.
+   Attach with ``--ray-address auto``.
+
+fedmem stops only what it started (``ray.shutdown()`` of its own instance), never
+``ray stop``. CPU count and object-store size of a private instance come from the
+scenario's ``[ray]`` table (``num_cpus``, ``object_store_mb``; 0 means "the machine's CPU
+count" and "Ray's default"), never a hard-coded number; an attached cluster keeps its own.
+
+Start-up of the private instance: ``include_dashboard=False`` (the dashboard head then
+loads only its usage-stats module and no web frontend) and ``log_to_driver=False``.
+``ray.init`` offers no switch for the rest: the raylet always starts its dashboard agent
+and runtime-env agent, and the head its autoscaler monitor and log monitor (Ray 2.55).
+``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0`` is set before Ray starts: it opts into Ray's
+future behaviour and silences the FutureWarning Ray prints otherwise (fedmem uses no
+accelerators in Ray workers).
 """
 
 from __future__ import annotations
@@ -36,17 +51,29 @@ def local_options(num_cpus: int | None = None, object_store_mb: int | None = Non
     return opts
 
 
+def resolve_address(ray_address: str | None = None) -> str | None:
+    """The address a run attaches to: the explicit one, else ``RAY_ADDRESS``, else None
+    (a private local instance). ``"local"`` (explicit or in ``RAY_ADDRESS``) means None."""
+    if ray_address is not None and (not isinstance(ray_address, str) or not ray_address.strip()):
+        raise ValueError(f"ray_address must be a non-empty string (auto, ray://host:port, host:port or local). "
+                         f"Found {ray_address!r}.")
+    address = ray_address if ray_address is not None else (os.environ.get("RAY_ADDRESS") or "").strip() or None
+    return None if address == "local" else address
+
+
 def ensure_ray(ray_address: str | None = None, *, num_cpus: int | None = None,
                object_store_mb: int | None = None) -> bool:
     """Make sure this process is connected to Ray. Returns True when it started a private
     local instance (the caller then owns it and shuts it down), False when Ray was already
-    initialised in this process or an address was given (attach; never shut down)."""
+    initialised in this process or it attached to a cluster (``ray_address``, else
+    ``RAY_ADDRESS``; never shut down). ``ray_address="local"`` forces a private instance."""
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     ray = _ray()
     if ray.is_initialized():
         return False
-    if ray_address is None:
+    address = resolve_address(ray_address)
+    if address is None:
         ray.init(**local_options(num_cpus, object_store_mb))
         return True
-    ray.init(address=ray_address, log_to_driver=False)
+    ray.init(address=address, log_to_driver=False)
     return False

@@ -1,9 +1,37 @@
-"""Shared fixtures. Heavy services (Ray, CrypTen parties) start once per test session."""
+"""Shared fixtures: heavy services start once per test session, and every test reuses them.
+
+The rule for new tests (the suite must stay under 7 minutes on 2 idle cores; ``make test``
+prints the 25 slowest tests, ``make test-fast`` skips the ``slow`` ones):
+
+* **Ray**: take ``ray_local`` (one private Ray instance, 2 CPUs, for the whole session).
+  Never call ``ray.init``/``ray.shutdown`` in a test; library code that calls
+  ``fedmem._ray.ensure_ray`` attaches to it and does not shut it down. Kill only the actors
+  your test created (``ray_local.kill(handle)``).
+* **CrypTen**: take ``crypten_parties`` (two warm parties). Start your own
+  ``CryptenParties`` only to break them (fault injection) or for another party count or
+  provider, and close it in the test.
+* **Expensive data** (MiniLM table, projector, shards): a ``scope="module"`` (or session)
+  fixture, built once.
+* **Subprocesses** only when the process boundary is what is tested (a CLI exit code, a
+  SIGKILL, a wheel, a cluster beside the session's). Start them with ``subprocess_env``
+  (no inherited ``RAY_ADDRESS``, one OpenMP thread), check several things per process
+  rather than one process per check, and mark the test ``@pytest.mark.slow`` when it
+  takes more than ~10 s. A Ray cluster of a test's own (``ray start``, ``Cluster``) lives
+  in its own temp dir and is stopped by PID, never ``ray stop``.
+* **Statistical tests** are sized by the power they need: state in a comment the sample
+  size, the test's level and its power (or margin) against the broken variant it must catch.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -20,7 +48,7 @@ def ray_local():
 
     started = False
     if not ray.is_initialized():
-        started = ensure_ray(num_cpus=2)   # a private local instance, beside any other cluster
+        started = ensure_ray("local", num_cpus=2)   # private, beside any cluster, whatever RAY_ADDRESS says
     yield ray
     if started:
         ray.shutdown()
@@ -38,3 +66,45 @@ def crypten_parties(ray_local):
     parties = CryptenParties(2, timeout_s=60.0)
     yield parties
     parties.close()
+
+
+@pytest.fixture(scope="session")
+def subprocess_env() -> dict:
+    """Environment for a child Python of a test: this checkout first on the path, no
+    inherited ``RAY_ADDRESS`` (a child starts or joins only what the test says), one
+    OpenMP thread, no ``FEDMEM_DEBUG``. Copy it before changing it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "FEDMEM_DEBUG")}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+               OMP_NUM_THREADS="1", RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0")
+    return env
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a server a test starts itself)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_processes_started_with(marker: str) -> list[int]:
+    """SIGKILL every process whose command line contains ``marker`` (a temp dir only this
+    test uses), except this one; returns their PIDs. How a test stops a ``ray start``
+    cluster of its own: by PID, never ``ray stop`` (which stops everyone's Ray)."""
+    import signal
+
+    killed = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            try:
+                os.kill(int(d.name), signal.SIGKILL)
+                killed.append(int(d.name))
+            except OSError:
+                pass
+    return killed
+

@@ -50,6 +50,47 @@ def test_local_options_come_from_the_machine_and_the_scenario():
         local_options(-1)
 
 
+def test_address_explicit_then_ray_address_then_private(monkeypatch):
+    """As ray.init(): an explicit address wins, else RAY_ADDRESS (how a `ray job submit`
+    entrypoint finds its cluster); 'local' is a private instance; nothing set is a private
+    instance too (fedmem never auto-joins a `ray start` cluster it merely finds)."""
+    from fedmem._ray import resolve_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert resolve_address() is None and resolve_address("local") is None
+    assert resolve_address("auto") == "auto" and resolve_address("ray://h:10001") == "ray://h:10001"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert resolve_address() == "10.0.0.1:6379"
+    assert resolve_address("local") is None and resolve_address("h:1") == "h:1"
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert resolve_address() is None
+    with pytest.raises(ValueError, match="ray_address must be a non-empty string"):
+        resolve_address("  ")
+
+
+def test_ensure_ray_attaches_to_ray_address_and_never_owns_it(monkeypatch):
+    import fedmem._ray as R
+
+    calls = []
+
+    class FakeRay:
+        @staticmethod
+        def is_initialized():
+            return False
+
+        @staticmethod
+        def init(**kw):
+            calls.append(kw)
+
+    monkeypatch.setattr(R, "_ray", lambda: FakeRay)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert R.ensure_ray(num_cpus=3) is False            # attached: the caller must not shut it down
+    assert calls[-1] == {"address": "10.0.0.1:6379", "log_to_driver": False}
+    assert R.ensure_ray("local", num_cpus=3) is True     # private, owned
+    assert calls[-1]["address"] == "local" and calls[-1]["num_cpus"] == 3
+    assert calls[-1]["include_dashboard"] is False
+
+
 @pytest.mark.slow
 def test_fedmem_run_beside_a_running_ray_cluster(tmp_path):
     """A real `ray start` head in Ray's default temp dir, so that a plain `ray.init()` finds it
