@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedmem.attacks import float_bits as FB
+from fedmem.attacks.audit import roc_auc
 from fedmem.attacks.verdict import judge
 from fedmem.dp.mechanisms import GaussianMechanism, LaplaceMechanism
 
@@ -54,10 +55,11 @@ def test_fast_sampler_caught_secure_passes_same_test(noise):
             else LaplaceMechanism.calibrate(eps, l1_sensitivity=1.0))
     booked, delta = (eps, 0.0) if noise == "laplace" else (mech.epsilon(1e-5), 1e-5)
     d = 16 if noise == "laplace" else 64     # the ziggurat's neighbour is inconsistent on ~10% of coords
-    fast = judge(*_game(mech, "fast", noise, 24, d, rng), booked, delta)
-    secure = judge(*_game(mech, "secure", noise, 24, d, rng), booked, delta)
-    assert fast.label == "LEAK" and fast.ceiling_crossed, fast
-    assert secure.label != "LEAK", secure
+    fast_scores = _game(mech, "fast", noise, 24, d, rng)
+    secure_scores = _game(mech, "secure", noise, 24, d, rng)
+    fast, secure = judge(*fast_scores, booked, delta), judge(*secure_scores, booked, delta)
+    assert roc_auc(*fast_scores) > 0.95 and fast.label == "LEAK" and fast.ceiling_crossed, fast
+    assert roc_auc(*secure_scores) == 0.5 and secure.label != "LEAK", secure
     # the float model itself, run against secure outputs, separates nothing either
     mis = judge(*_game(mech, "secure", noise, 24, d, rng, model_sampling="fast"), booked, delta)
     assert mis.label != "LEAK", mis
