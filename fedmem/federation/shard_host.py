@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from fedmem import _validate as V
-from fedmem.federation.sharing import share_candidates
+from fedmem.federation.sharing import seal_packet, share_candidates
 
 PAD_SCORE = -4.0
 """Score of padding rows and broadcast dummies: below every cosine similarity (>= -1)."""
@@ -141,8 +141,14 @@ class _HostActor(ShardHostCore):
         packets = self.candidates(q, mode)
         return tuple(packets) if len(packets) > 1 else packets[0]
 
-    def candidates_refs(self, q, mode: str) -> dict:
+    def candidates_refs(self, q, mode: str, party_keys=None, run_id: bytes | None = None) -> dict:
         """Share packets stored in the object store by this host, one per party, as refs.
+
+        With ``party_keys`` (each party's raw X25519 public key, in rank order) and the
+        driver's ``run_id``, every packet is sealed to its party first
+        (:func:`~fedmem.federation.sharing.seal_packet`): the object store, its plasma file
+        and every process that can read them see only ciphertext bound to this run, this
+        party and these shards.
 
         Returns ``{"refs": [ObjectRef per party], "shard_ids": ...}``: the driver only
         relays the refs (public metadata) and each party fetches its own packet from this
@@ -152,6 +158,11 @@ class _HostActor(ShardHostCore):
         import ray
 
         packets = self.candidates(q, mode)
+        if party_keys is not None:
+            if run_id is None or len(party_keys) != len(packets):
+                raise ValueError(f"party_keys must hold one public key per party ({len(packets)}) and come with a "
+                                 f"run_id. Found {len(party_keys)} keys, run_id={run_id!r}.")
+            packets = [seal_packet(p, bytes(k), run_id, r) for r, (p, k) in enumerate(zip(packets, party_keys))]
         return {"refs": [ray.put(p) for p in packets], "shard_ids": self.shard_ids.copy()}
 
     def where(self) -> dict:

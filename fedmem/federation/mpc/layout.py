@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from fedmem.errors import MpcFailure
-from fedmem.federation.sharing import SelectionSpec, SharePacket
+from fedmem.federation.sharing import SealedPacket, SelectionSpec, SharePacket
 
 
 def assemble(packets: Sequence[SharePacket]):
@@ -90,3 +90,24 @@ def _resolve(packets, timeout_s: float | None = None):
 def _check_spec(spec):
     if not isinstance(spec, SelectionSpec):
         raise TypeError(f"spec must be a SelectionSpec. Found {type(spec).__name__}.")
+
+
+def _unseal(packets, key, run_id: bytes | None, rank: int):
+    """Open one party's fetched packets with its :class:`~fedmem.federation.sharing.PartyKey`.
+
+    With a ``run_id`` (the engine's sealed path) every packet must be a
+    :class:`~fedmem.federation.sharing.SealedPacket` for this run and rank, and open under
+    this party's key; anything else (a plaintext packet, another run's or party's packet, a
+    modified byte) raises :class:`~fedmem.errors.MpcFailure`: fail closed. Without one
+    (direct use with in-memory packets) sealed packets are refused, plaintext ones pass."""
+    packets = list(packets)
+    if run_id is None:
+        if any(isinstance(p, SealedPacket) for p in packets):
+            raise MpcFailure("sealed packets need the run id they were sealed for; no output was computed.")
+        return packets
+    if key is None:
+        raise MpcFailure("this party has no key to open sealed packets; no output was computed.")
+    try:
+        return [key.open(p, run_id, rank) for p in packets]
+    except ValueError as exc:
+        raise MpcFailure(f"sealed share packet refused: {exc}") from None

@@ -9,8 +9,8 @@ import numpy as np
 
 from fedmem import _validate as V
 from fedmem.errors import MpcFailure
-from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, assemble
-from fedmem.federation.sharing import MASK_FILL, Revealed, SelectionSpec, decode, encode, reconstruct
+from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, _unseal, assemble
+from fedmem.federation.sharing import MASK_FILL, PartyKey, Revealed, SelectionSpec, decode, encode, reconstruct
 
 
 def plaintext_mask(scores_int: np.ndarray, valid_int: np.ndarray, spec: SelectionSpec) -> np.ndarray:
@@ -33,18 +33,23 @@ class PlaintextParties:
     """Reference compute parties: reconstruct the shares and select in numpy (no secrecy).
 
     Same inputs, semantics and outputs as :class:`CryptenParties`; ``stats`` reports
-    wall seconds and zero rounds/bytes.
+    wall seconds and zero rounds/bytes. Like the secure parties it holds one X25519 key
+    pair per party (:attr:`public_keys`) and opens packets sealed to them (``run_id``),
+    so the engine's object store holds only ciphertext with either backend.
     """
 
     def __init__(self, n_parties: int = 2):
         self.n_parties = V.positive_int("n_parties", n_parties, minimum=2)
+        self._keys = [PartyKey() for _ in range(self.n_parties)]
+        self.public_keys = [k.public for k in self._keys]
 
-    def run(self, packets, spec: SelectionSpec) -> Revealed:
+    def run(self, packets, spec: SelectionSpec, *, run_id: bytes | None = None) -> Revealed:
         """``packets[p]``: party p's packets, one per shard host (``SharePacket`` or Ray
-        ``ObjectRef`` to one; refs are fetched here)."""
+        ``ObjectRef`` to one; refs are fetched here); sealed to party p when ``run_id`` is given."""
         _check_spec(spec)
         t0 = time.perf_counter()
-        per = [_resolve(p) for p in _check_packets(packets, self.n_parties)]
+        per = [_unseal(_resolve(p), self._keys[r], run_id, r)
+               for r, p in enumerate(_check_packets(packets, self.n_parties))]
         per = _check_packets(per, self.n_parties)
         parts = [assemble(p) for p in per]
         ids, m = parts[0][3], parts[0][4]
