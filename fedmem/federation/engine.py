@@ -38,6 +38,9 @@ of :mod:`fedmem.attacks.observable` measures what is left.
 Shares never pass through the driver: every host ``ray.put``s its per-party packets
 and hands the driver only the object refs (and public shard ids); each compute party
 fetches its own packets from the host's node (``mpc.CryptenParties``, phase ``load``).
+Every packet is sealed to its party first (X25519 + HKDF + AES-256-GCM, bound to a fresh
+run id, the party and the shards; ``sharing.seal_packet``), so the object store and its
+plasma file hold only ciphertext, and a party refuses any packet that does not open.
 Hosts are spread round-robin over the cluster's alive nodes (soft node affinity) and the
 parties go to distinct nodes when there are enough (docs/cluster.md). The MPC's rounds
 and bytes (public: functions of the batch shape only) are carried into every
@@ -47,6 +50,7 @@ and bytes (public: functions of the batch shape only) are carried into every
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,6 +158,9 @@ class Federation:
         self.audit: list[AuditRecord] = []
         self.fault_details: list[str] = []     # operator-only details of plan-mismatch faults
         self._closed = False
+        # operator-side profile (benchmarks): wall seconds per stage, summed over calls
+        self.timings = {"hosts": 0.0, "mpc": 0.0, "mpc_party": 0.0, "aggregator": 0.0, "runs": 0}
+        self._seal = True   # seal share packets to their party (benchmarks switch it off to measure the cost)
         self._owns_ray = False
         self._hosts: list = []
         self._hosts_dirty = False
@@ -279,13 +286,14 @@ class Federation:
         q = q / peak
         return q / np.linalg.norm(q, axis=1, keepdims=True)
 
-    def _packets(self, q: np.ndarray, mode: str):
-        """``packets[p][h]``: an ObjectRef to host h's packet for party p (the driver never holds a share)."""
+    def _packets(self, q: np.ndarray, mode: str, keys=None, run_id: bytes | None = None):
+        """``packets[p][h]``: an ObjectRef to host h's packet for party p (the driver never holds a share);
+        sealed to party p's public key ``keys[p]`` for this ``run_id`` when keys are given."""
         ray = _ray()
         self._heal_hosts()
         P, T = self.config.parties, self.config.timeout_s
         try:
-            metas = ray.get([h.candidates_refs.remote(q, mode) for h in self._hosts], timeout=T)
+            metas = ray.get([h.candidates_refs.remote(q, mode, keys, run_id) for h in self._hosts], timeout=T)
             if any(len(m["refs"]) != P for m in metas):
                 raise ValueError(f"every shard host must return one packet per party ({P}).")
         except Exception as exc:  # noqa: BLE001 - dead host, timeout, host error: fail closed
@@ -296,9 +304,25 @@ class Federation:
         return [[m["refs"][p] for m in metas] for p in range(P)]
 
     def _compute(self, q: np.ndarray, policy: ReleasePolicy):
-        packets = self._packets(q, policy.selection)
+        from fedmem.federation.sharing import new_run_id
+
+        # seal every packet to its party when the parties publish keys (both shipped backends do)
+        keys = (getattr(self.parties, "public_keys", None) or None) if self._seal else None
+        run_id = new_run_id() if keys else None
+        tm = self.timings
+        t0 = time.perf_counter()
+        packets = self._packets(q, policy.selection, keys, run_id)
+        t1 = time.perf_counter()
+        tm["hosts"] += t1 - t0
         try:
-            return self.parties.run(packets, policy.selection_spec())
+            if keys:
+                rev = self.parties.run(packets, policy.selection_spec(), run_id=run_id)
+            else:
+                rev = self.parties.run(packets, policy.selection_spec())
+            tm["mpc"] += time.perf_counter() - t1
+            tm["mpc_party"] += float((getattr(rev, "stats", None) or {}).get("party_seconds", 0.0))
+            tm["runs"] += 1
+            return rev
         except MpcFailure as exc:
             self._hosts_dirty = True   # the failure may be a host that died after handing out its refs
             raise FederationFault(f"compute parties failed; nothing was released or booked: {exc}") from exc
@@ -311,6 +335,7 @@ class Federation:
         meta = {"mpc_rounds": int(st["rounds"]) if mpc else None,
                 "mpc_bytes": int(st["bytes"]) if mpc else None,
                 "mpc_batch": int(q.shape[0]) if mpc else None}
+        t_agg = time.perf_counter()
         agg = Aggregator(policy)
         out = []
         try:
@@ -322,6 +347,7 @@ class Federation:
             self.fault_details.append(repr(exc))
             raise FederationFault("a release did not fit its public plan; nothing was released or booked "
                                   "(details in Federation.fault_details)") from None
+        self.timings["aggregator"] += time.perf_counter() - t_agg
         return out, meta
 
     def _log(self, d: Decision, decision: str, rel: Release | None, bookings=(), emitted: bool = False,
