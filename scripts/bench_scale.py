@@ -177,8 +177,8 @@ def run_size(a, S, rng, naive: bool):
     rows = []
     for mo, impl in methods:
         r1, rB = last[mo, impl, 1], last[mo, impl, B]
-        used1 = impl if impl != "auto" else choose_impl(1, S, a.m, a.k) if mo == "topk" else mo
-        usedB = impl if impl != "auto" else choose_impl(B, S, a.m, a.k) if mo == "topk" else mo
+        used1 = impl if impl != "auto" else choose_impl(1, S, a.m, a.k, True) if mo == "topk" else mo
+        usedB = impl if impl != "auto" else choose_impl(B, S, a.m, a.k, True) if mo == "topk" else mo
         rows.append(dict(shards=S, mode=mo, impl=used1, batch_impl=usedB, batch=B,
                          single_s=statistics.median(single[mo, impl]), single_runs=len(single[mo, impl]),
                          batch_qps=B / statistics.median(batch[mo, impl]), batch_runs=len(batch[mo, impl]),

@@ -251,10 +251,33 @@ def test_auto_choice_depends_on_public_shapes_only():
     from fedmem.federation.mpc import choose_impl, grouped_plan
 
     assert grouped_plan(40, 5, 5) == 4 and grouped_plan(6, 3, 4) is None
-    assert choose_impl(1, 40, 5, 5) == "grouped"
-    assert choose_impl(100, 40, 5, 5) == "merge"
+    assert choose_impl(10, 40, 5, 5) == "grouped"
+    assert choose_impl(400, 40, 5, 5) == "merge"
     assert choose_impl(1, 10_000, 5, 5) == "merge"
     assert choose_impl(1, 3, 2, 2) == "rank"
+
+
+def test_auto_choice_is_the_fitted_model_and_switches_where_it_predicts():
+    """``auto`` follows a cost model fitted to measurements in the engine's own configuration
+    (unsorted shards, 40 x 5, k = 5): the constants are the fit of the stored measurements,
+    the model reproduces them, and the choice flips exactly where the predictions cross."""
+    from fedmem.federation.mpc import networks as NW
+
+    r, c = NW.fit_cost_model(NW.FIT_POINTS)
+    assert r == pytest.approx(NW.ROUND_S, rel=0.01) and c == pytest.approx(NW.COMPARISON_S, rel=0.01)
+    costs = NW.impl_costs(40, 5, 5)
+    assert costs["grouped"] == (28, 4175) and costs["merge"] == (250, 1067)     # the engine's own shapes
+    for impl, B, t in NW.FIT_POINTS:
+        assert NW.predicted_seconds(B, 40, 5, 5)[impl] == pytest.approx(t, rel=0.3), (impl, B)
+    sw = NW.switch_batch(40, 5, 5)
+    assert sw is not None and 50 < sw < 200
+    below, at = NW.predicted_seconds(sw - 1, 40, 5, 5), NW.predicted_seconds(sw, 40, 5, 5)
+    assert NW.choose_impl(sw - 1, 40, 5, 5) == "grouped" and below["grouped"] <= below["merge"]
+    assert NW.choose_impl(sw, 40, 5, 5) == "merge" and at["merge"] < at["grouped"]
+    # trusted shard order removes the merge tree's shard sort: merge wins earlier
+    assert NW.switch_batch(40, 5, 5, shards_sorted=True) < sw
+    # the memory cap keeps the constant-round methods bounded whatever the model says
+    assert NW.choose_impl(NW.CONSTANT_ROUNDS_MAX // 4175 + 1, 40, 5, 5) == "merge"
 
 
 def test_merge_network_is_pruned_and_schedules_are_small():
@@ -676,3 +699,159 @@ def test_fused_comparison_products_and_bounds():
     prod = reconstruct([o[1].numpy() for o in outs])
     np.testing.assert_array_equal(bit, (x < 0).astype(np.int64))
     np.testing.assert_array_equal(prod, (x < 0)[..., None] * y)
+
+
+# ----------------------------------------------------------------------------- sealed share packets (issue 19)
+
+def _sealed_fixture(rng, party=0):
+    from fedmem.federation.sharing import PartyKey, new_run_id, seal_packet
+
+    packets, _ = make_candidates(rng, 3, 6, 4, 5, n_hosts=1)
+    key, rid = PartyKey(), new_run_id()
+    return packets[party][0], key, rid, seal_packet(packets[party][0], key.public, rid, party)
+
+
+def test_sealed_packet_opens_only_for_its_party_run_and_shards():
+    """Round trip is exact; any other run, party, key, shard ids, shape, ephemeral key or byte is refused."""
+    import dataclasses
+    import pickle
+
+    from fedmem.federation.sharing import PartyKey, new_run_id
+
+    rng = np.random.default_rng(91)
+    pk, key, rid, sealed = _sealed_fixture(rng)
+    got = key.open(sealed, rid, 0)
+    for f in ("scores", "values", "valid", "shard_ids"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(pk, f))
+    body = b"".join(np.ascontiguousarray(a).tobytes() for a in (pk.scores, pk.values, pk.valid))
+    blob = pickle.dumps(sealed)
+    assert not any(body[i:i + 16] in blob for i in range(0, len(body) - 16, 16))   # no share bytes in the clear
+    ct = bytearray(sealed.ciphertext)
+    ct[len(ct) // 2] ^= 1
+    bad = {
+        "flipped ciphertext bit": (dataclasses.replace(sealed, ciphertext=bytes(ct)), rid, 0, key),
+        "other run (replay)": (dataclasses.replace(sealed, run_id=new_run_id()), None, 0, key),
+        "claims another run": (sealed, new_run_id(), 0, key),
+        "other party": (dataclasses.replace(sealed, party=1), rid, 1, key),
+        "other key": (sealed, rid, 0, PartyKey()),
+        "swapped shard ids": (dataclasses.replace(sealed, shard_ids=sealed.shard_ids[::-1].copy()), rid, 0, key),
+        "other shape": (dataclasses.replace(sealed, shape=(1, 18, 4, 5)), rid, 0, key),
+        "other ephemeral key": (dataclasses.replace(sealed, epk=PartyKey().public), rid, 0, key),
+        "plaintext packet": (pk, rid, 0, key),
+        "other aead claimed": (dataclasses.replace(sealed, aead="chacha20-poly1305"), rid, 0, key),
+    }
+    for what, (s, r, p, k) in bad.items():
+        with pytest.raises(ValueError, match="refused"):
+            k.open(s, s.run_id if r is None and hasattr(s, "run_id") else r, p)
+        assert what
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(key)
+    from fedmem.federation.sharing import seal_packet
+
+    cc = seal_packet(pk, key.public, rid, 0, aead="chacha20-poly1305")   # the AEAD without AES hardware
+    np.testing.assert_array_equal(key.open(cc, rid, 0).values, pk.values)
+    with pytest.raises(ValueError, match="refused"):
+        key.open(dataclasses.replace(cc, aead="aes-256-gcm"), rid, 0)
+
+
+def test_plaintext_reference_refuses_tampered_or_unsealed_packets():
+    from fedmem.federation.sharing import new_run_id, seal_packet
+
+    rng = np.random.default_rng(92)
+    packets, _ = make_candidates(rng, 2, 6, 3, 4, n_hosts=2)
+    spec = SelectionSpec("topk", k=3)
+    pp = PlaintextParties(2)
+    rid = new_run_id()
+    sealed = [[seal_packet(x, pp.public_keys[p], rid, p) for x in packets[p]] for p in range(2)]
+    assert_same(pp.run(sealed, spec, run_id=rid), pp.run(packets, spec))
+    with pytest.raises(MpcFailure, match="refused"):
+        pp.run(sealed, spec, run_id=new_run_id())                   # replayed into another run
+    with pytest.raises(MpcFailure, match="refused"):
+        pp.run([sealed[1], sealed[0]], spec, run_id=rid)            # swapped between parties
+    with pytest.raises(MpcFailure, match="refused"):
+        pp.run(packets, spec, run_id=rid)                           # unsealed where sealing is expected
+    with pytest.raises(MpcFailure, match="need the run id"):
+        pp.run(sealed, spec)
+
+
+def test_crypten_parties_open_sealed_packets_and_refuse_tampering(crypten_parties):
+    """Secure parties open their own packets (bit-identical to the plaintext reference); a
+    tampered packet fails closed before the protocol and the parties stay warm."""
+    import dataclasses
+
+    from fedmem.federation.sharing import new_run_id, seal_packet
+
+    rng = np.random.default_rng(93)
+    packets, _ = make_candidates(rng, 2, 8, 3, 4, n_hosts=2)
+    spec = SelectionSpec("topk", k=4)
+    keys = crypten_parties.public_keys
+    assert len(keys) == 2 and all(len(k) == 32 for k in keys) and keys[0] != keys[1]
+    rid = new_run_id()
+    sealed = [[seal_packet(x, keys[p], rid, p) for x in packets[p]] for p in range(2)]
+    assert_same(crypten_parties.run(sealed, spec, run_id=rid), PlaintextParties(2).run(packets, spec))
+    ct = bytearray(sealed[1][0].ciphertext)
+    ct[7] ^= 0x80
+    tampered = [list(sealed[0]), [dataclasses.replace(sealed[1][0], ciphertext=bytes(ct)), sealed[1][1]]]
+    actors = crypten_parties.actors
+    with pytest.raises(MpcFailure, match="refused|could not"):
+        crypten_parties.run(tampered, spec, run_id=rid)
+    with pytest.raises(MpcFailure, match="refused|could not"):
+        crypten_parties.run(sealed, spec, run_id=new_run_id())     # replay into a new run
+    assert crypten_parties.actors == actors                        # no restart: nobody entered the protocol
+    assert_same(crypten_parties.run(sealed, spec, run_id=rid), PlaintextParties(2).run(packets, spec))
+
+
+def test_engine_object_store_holds_only_ciphertext(small_data, ray_local):
+    """What the hosts put in the object store are SealedPackets: an observer that fetches them
+    (as any code in the cluster can) finds no share bytes; answers equal the ground truth; a
+    packet replaced in the store fails the query closed with nothing booked."""
+    import dataclasses
+    import pickle
+
+    from fedmem.bench.shards import sample_queries
+    from fedmem.dp import Accountant
+    from fedmem.errors import FederationFault
+    from fedmem.federation.engine import Federation, Response
+    from fedmem.federation.sharing import SealedPacket
+
+    q = sample_queries(small_data, 3, np.random.default_rng(94))
+
+    class Spy(PlaintextParties):
+        def __init__(self):
+            super().__init__(2)
+            self.seen, self.tamper = [], False
+
+        def run(self, packets, spec, *, run_id=None):
+            self.seen.append((packets, run_id))
+            if self.tamper:
+                packets = [list(p) for p in packets]
+                s = ray_local.get(packets[0][0])
+                ct = bytearray(s.ciphertext)
+                ct[-1] ^= 1
+                packets[0][0] = ray_local.put(dataclasses.replace(s, ciphertext=bytes(ct)))
+            return super().run(packets, spec, run_id=run_id)
+
+    spy, acc = Spy(), Accountant()
+    with Federation(_engine_cfg(mpc="plaintext", selection="topk", k=3), small_data, accountant=acc,
+                    rng=np.random.default_rng(95), parties=spy) as f:
+        rs = f.retrieve_many(q)
+        truth = f.ground_truth_many(q)
+        for r, t in zip(rs, truth):
+            np.testing.assert_array_equal(r.receipts, t.tallies)
+        packets, rid = spy.seen[-1]
+        assert rid is not None and len(rid) == 16
+        for p, row in enumerate(packets):
+            for ref in row:
+                s = ray_local.get(ref)              # what anyone reading the object store gets
+                assert isinstance(s, SealedPacket) and s.party == p and s.run_id == rid
+                plain = spy._keys[p].open(s, rid, p)
+                body = b"".join(np.ascontiguousarray(a).tobytes() for a in (plain.scores, plain.values, plain.valid))
+                blob = pickle.dumps(s)
+                assert not any(body[i:i + 16] in blob for i in range(0, len(body) - 16, 16))
+        n_booked = acc.count
+        spy.tamper = True
+        with pytest.raises(FederationFault, match="nothing was released or booked"):
+            f.retrieve(q[0])
+        assert acc.count == n_booked and f.audit[-1].decision == "fault"
+        spy.tamper = False
+        assert isinstance(f.retrieve(q[0]), Response)

@@ -11,9 +11,9 @@ import numpy as np
 
 from fedmem import _validate as V
 from fedmem.errors import MpcFailure
-from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, assemble
+from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, _unseal, assemble
 from fedmem.federation.mpc.networks import IMPLS, PROVIDERS, _secure_program
-from fedmem.federation.sharing import REVEALABLE, Revealed, SelectionSpec
+from fedmem.federation.sharing import REVEALABLE, PartyKey, Revealed, SelectionSpec
 
 
 class _CryptenParty:
@@ -33,9 +33,14 @@ class _CryptenParty:
     def __init__(self, rank: int, world_size: int, provider: str, threads: int):
         self.rank, self.world_size, self.provider = rank, world_size, provider
         self._loaded = None
+        self._key = PartyKey()   # X25519 key pair made here: the private key never leaves this process
         import torch
 
         torch.set_num_threads(threads)
+
+    def public_key(self) -> bytes:
+        """This party's raw X25519 public key (shard hosts seal its share packets to it)."""
+        return self._key.public
 
     def node(self) -> dict:
         """Where this party runs: ``{"node_id", "ip", "pid"}`` (public placement facts)."""
@@ -77,17 +82,19 @@ class _CryptenParty:
         TTPServer()
         return "ttp done"
 
-    def load(self, packets, timeout_s: float | None = None):
-        """Fetch and assemble this party's packets; returns public metadata or the fetch error."""
+    def load(self, packets, timeout_s: float | None = None, run_id: bytes | None = None):
+        """Fetch, open (sealed packets, with ``run_id``) and assemble this party's packets;
+        returns public metadata or the fetch/authentication error."""
         self._loaded = None
         try:
-            scores, values, valid, ids, m = assemble(_resolve(packets, timeout_s))
+            got = _unseal(_resolve(packets, timeout_s), self._key, run_id, self.rank)
+            scores, values, valid, ids, m = assemble(got)
         except MpcFailure as exc:
             return {"error": str(exc)}
         self._loaded = (scores, values, valid, ids, m)
         return {"ids": ids, "shape": (scores.shape[0], scores.shape[1], values.shape[2], m)}
 
-    def load_run(self, packets, timeout_s, spec, impl="auto", shards_sorted=False):
+    def load_run(self, packets, timeout_s, spec, impl="auto", shards_sorted=False, run_id=None):
         """:meth:`load`, an agreement step, then :meth:`run`, in ONE actor call (one Ray round trip).
 
         Agreement: every party contributes ``[fetch failed, B, N, d, m, crc32(shard ids)]``
@@ -100,7 +107,7 @@ class _CryptenParty:
 
         from fedmem._crypten import comm
 
-        meta = self.load(packets, timeout_s)
+        meta = self.load(packets, timeout_s, run_id)
         if "error" in meta:
             mine = [1, 0, 0, 0, 0, 0]
         else:
@@ -110,8 +117,8 @@ class _CryptenParty:
         rows = [g.tolist() for g in got]
         if any(r[0] for r in rows):
             self._loaded = None
-            return {"error": meta.get("error") or "another party could not fetch its shares from the shard hosts "
-                                                  "(shares could not be fetched)"}
+            return {"error": meta.get("error") or "another party could not fetch or open its shares from the "
+                                                  "shard hosts (shares could not be fetched)"}
         if any(r != rows[0] for r in rows[1:]):
             self._loaded = None
             return {"error": "parties received packets from different shards or of different shapes; no output "
@@ -133,10 +140,30 @@ class _CryptenParty:
         out["_stats"] = {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
                          "rounds": int(st["rounds"]), "bytes": int(st["bytes"])}
         out["_ids"] = ids
+        from fedmem.federation.mpc.rounds import prefill_async
+
+        prefill_async()   # correlated randomness for the next query, generated while this party is idle
         return out
 
     def pid(self):
         return os.getpid()
+
+    def configure(self, prg: str | None = None, pool_mb: float | None = None) -> dict:
+        """Benchmarks only: this party's triple generator (``"aes"`` or the old ``"torch"``) and
+        pool size. Every party must be configured alike (SPMD) before the next query."""
+        from fedmem.federation.mpc import rounds as MR
+
+        MR.pause_prefill()
+        if prg is not None:
+            if prg not in MR.PRGS:
+                raise ValueError(f"prg must be one of {MR.PRGS}. Found {prg!r}.")
+            MR.PRG["name"] = prg
+        if pool_mb is not None:
+            os.environ["FEDMEM_TRIPLE_POOL_MB"] = str(float(pool_mb))
+            for pair in MR._STREAMS.values():
+                for st in pair:
+                    st.cap = MR.pool_elements() if isinstance(st, MR.KeyStream) else 0
+        return {"prg": MR.PRG["name"], "pool_elements": MR.pool_elements()}
 
     def peak_rss(self) -> int:
         """Peak resident memory of this party process so far, in bytes (benchmarks)."""
@@ -146,6 +173,9 @@ class _CryptenParty:
 
     def shutdown(self):
         from fedmem._crypten import crypten
+        from fedmem.federation.mpc.rounds import pause_prefill
+
+        pause_prefill()
 
         crypten.uninit()
         return True
@@ -256,6 +286,7 @@ class CryptenParties:
         self.restarts = 0
         self.nodes: list[dict] = []
         self.strategy = None
+        self._public_keys: list[bytes] = []
         self._start()
 
     # -- lifecycle
@@ -306,6 +337,7 @@ class CryptenParties:
                 self._ttp = actor_cls.options(**opts[n]).remote(n, n, self.provider, self.threads)
                 self._ttp_ref = self._ttp.serve_ttp.remote(rdv)
             self.nodes = ray.get(refs, timeout=self.start_timeout_s)
+            self._public_keys = ray.get([a.public_key.remote() for a in self._actors], timeout=self.start_timeout_s)
         except Exception as exc:  # noqa: BLE001 - any start failure is an MPC failure
             self._kill()
             raise MpcFailure(f"compute parties failed to start within {self.start_timeout_s:g} s: {exc!r}") from exc
@@ -326,6 +358,15 @@ class CryptenParties:
             except Exception:  # noqa: BLE001 - already gone
                 pass
             self._pg = None
+
+    @property
+    def public_keys(self) -> list[bytes]:
+        """Each party's raw X25519 public key, rank order (restarts stopped parties first, so the
+        keys are those of the parties that will run next)."""
+        if not self._actors and not self._closed:
+            self.restarts += 1
+            self._start()
+        return list(self._public_keys)
 
     @property
     def actors(self) -> list:
@@ -352,7 +393,7 @@ class CryptenParties:
         self.close()
 
     # -- compute
-    def run(self, packets, spec: SelectionSpec, *, impl: str = "auto") -> Revealed:
+    def run(self, packets, spec: SelectionSpec, *, impl: str = "auto", run_id: bytes | None = None) -> Revealed:
         """Secure selection/aggregation; see the module docstring. Never hangs past ``timeout_s``.
 
         ``packets[p]`` lists party p's packets, one per shard host, as ``SharePacket`` or as
@@ -361,6 +402,11 @@ class CryptenParties:
         share. Each party fetches, then the parties check among themselves that every one
         got its shares and the same shards (an all-gather of public metadata); only then do
         they enter the protocol (one actor call per party and query).
+
+        ``run_id``: the packets are :class:`~fedmem.federation.sharing.SealedPacket` sealed
+        to :attr:`public_keys` for this run (what the engine's hosts send); each party opens
+        its own and refuses anything else (fail closed, no party enters the protocol).
+        :attr:`public_keys` change when the parties restart.
         """
         import ray
 
@@ -377,7 +423,7 @@ class CryptenParties:
         deadline = t0 + self.timeout_s
         try:
             # one call per party: fetch, agree (all fetched, same shards and shapes), then the protocol
-            refs = [a.load_run.remote(per[r], self.timeout_s, spec, impl, self.shards_sorted)
+            refs = [a.load_run.remote(per[r], self.timeout_s, spec, impl, self.shards_sorted, run_id)
                     for r, a in enumerate(self._actors)]
             outs = ray.get(refs, timeout=max(0.001, deadline - time.perf_counter()))
             errors = [o["error"] for o in outs if "error" in o]
