@@ -342,8 +342,12 @@ def federation_utility(service, results: dict, worlds) -> dict:
 
 
 def _mean_ci(x) -> list:
+    """95% Student-t interval of the mean (scipy.stats.t.interval)."""
+    from scipy import stats
+
     x = np.asarray(x, float)
-    if x.size < 2:
+    sem = float(stats.sem(x)) if x.size >= 2 else 0.0
+    if x.size < 2 or sem == 0.0:
         return [float(x.mean()), float(x.mean())]
-    h = 1.96 * x.std(ddof=1) / math.sqrt(x.size)
-    return [float(x.mean() - h), float(x.mean() + h)]
+    lo, hi = stats.t.interval(0.95, df=x.size - 1, loc=float(x.mean()), scale=sem)
+    return [float(lo), float(hi)]

@@ -145,10 +145,25 @@ def _syn_cross(cfg):
     return out
 
 
-def _mean_ci(v: np.ndarray, idx: np.ndarray) -> tuple[float, float, float]:
-    """Mean over draws and the 95% percentile-bootstrap interval (resampled draw indices ``idx``)."""
-    means = v[idx].mean(axis=1)
-    return float(v.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+def _scipy_boot(v: np.ndarray, boot: tuple[int, int]) -> tuple[float, float, float]:
+    """Mean of ``v`` and its 95% percentile-bootstrap interval by ``scipy.stats.bootstrap``.
+
+    ``boot = (resamples, seed)``: every call with the same seed and sample size draws the same
+    resample indices, so methods evaluated on the same draws are resampled in pairs.
+    """
+    from scipy import stats
+
+    v = np.asarray(v, dtype=np.float64)
+    if v.size < 2 or np.all(v == v[0]):
+        return float(v.mean()), float(v.mean()), float(v.mean())
+    res = stats.bootstrap((v,), np.mean, n_resamples=int(boot[0]), confidence_level=0.95, method="percentile",
+                          rng=np.random.default_rng(int(boot[1])))
+    return float(v.mean()), float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def _mean_ci(v: np.ndarray, boot: tuple[int, int]) -> tuple[float, float, float]:
+    """Mean over draws and the 95% percentile-bootstrap interval (scipy.stats.bootstrap, ``boot = (resamples, seed)``)."""
+    return _scipy_boot(v, boot)
 
 
 def _fmt(ci) -> str:
@@ -172,7 +187,7 @@ def run_synthetic(cfg, ctx) -> Result:
         q0 = np.asarray(cfg.query.q, dtype=np.float64)
     q = np.repeat(q0[None, :], R, axis=0)
     normals = samplers.gaussian(1.0, (R, m.T, 2), ctx.rng("innovations"))  # shared by the noisy methods
-    boot = ctx.rng("bootstrap").integers(0, R, size=(cfg.bootstrap, R))
+    boot = (cfg.bootstrap, int(ctx.rng("bootstrap").integers(2**62)))   # scipy.stats.bootstrap, paired by seed
     z = clean_trajectory(X, q[:1], m.r, m.T)[:, 0]                            # (T+1, 2)
     err = lambda Y, zz: np.sum((Y - zz) ** 2, axis=2) / 2  # noqa: E731  (rows, T) per-coordinate
     bound = m.certificate_bound
@@ -211,7 +226,7 @@ def run_synthetic(cfg, ctx) -> Result:
     switched = errs["Naive DAM"][:, -1] > thr
     if switched.sum() >= 2:
         ns_ = int(switched.sum())
-        sw_idx = ctx.rng("bootstrap-switched").integers(0, ns_, size=(cfg.bootstrap, ns_))
+        sw_idx = (cfg.bootstrap, int(ctx.rng("bootstrap-switched").integers(2**62)))
         cond = {k: [list(_mean_ci(e[switched, t], sw_idx)) for t in range(m.T)] for k, e in errs.items()}
     else:
         cond = {}
@@ -280,34 +295,39 @@ def run_synthetic(cfg, ctx) -> Result:
 
 
 def _plot_synthetic(ctx, X, z, traj, q, errs, boot, r, label, draw=0):
-    import matplotlib
+    from fedmem import figures as F
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"Naive DAM": "r", "global-noise DAM": "g", "BRACE": "b", "BRACE paper-gamma": "m"}
+    plt = F.pyplot()
+    colors = {"Naive DAM": F.colour(3), "global-noise DAM": F.colour(2), "BRACE": F.colour(0),
+              "BRACE paper-gamma": F.colour(4)}
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.8))
     ax[0].scatter(X[:, 0], X[:, 1], s=6, c="0.75", label="memories")
     ax[0].plot(z[:, 0], z[:, 1], "k-o", ms=4, lw=1.5, label="noiseless DAM")
     for k in ("Naive DAM", "BRACE"):
         path = np.vstack([q, traj[k][draw]])
-        ax[0].plot(path[:, 0], path[:, 1], colors[k] + "-s", ms=3, lw=1.1, label=f"{label.get(k, k)} (draw {draw})")
-    ax[0].add_patch(plt.Circle(q, r, fill=False, ls=":", color="0.4"))
+        ax[0].plot(path[:, 0], path[:, 1], "-s", color=colors[k], ms=3, lw=1.1,
+                   label=f"{label.get(k, k)} (draw {draw})")
+    ax[0].add_patch(plt.Circle(q, r, fill=False, ls=":", color="0.4", label=f"query radius r={r:g}"))
     ax[0].set_aspect("equal")
+    ax[0].set_xlabel("x1")
+    ax[0].set_ylabel("x2")
     ax[0].legend(fontsize=7)
-    ax[0].set_title(f"trajectories (draw {draw}: median final Naive error among switching draws)", fontsize=9)
+    ax[0].set_title(f"Trajectories (draw {draw}: median final Naive error among switching draws)", fontsize=9)
     steps = np.arange(1, next(iter(errs.values())).shape[1] + 1)
     for k, e in errs.items():
         ci = np.array([_mean_ci(e[:, t], boot) for t in range(e.shape[1])])
-        ax[1].plot(steps, ci[:, 0], colors[k] + "-o", label=f"{label.get(k, k)} (mean, 95% CI)")
+        ax[1].plot(steps, ci[:, 0], "-o", color=colors[k], label=f"{label.get(k, k)} (mean, 95% CI)")
         ax[1].fill_between(steps, ci[:, 1], ci[:, 2], color=colors[k], alpha=0.2)
-    ax[1].plot([3, 4, 5], [0.08445, 0.42699, 1.00503], "rx--", label="paper Naive DAM (one draw)")
-    ax[1].plot([5], [0.01222], "bx", label="paper BRACE final (one draw, gamma 0.25)")
+    ax[1].plot([3, 4, 5], [0.08445, 0.42699, 1.00503], "x--", color=colors["Naive DAM"],
+               label="paper Naive DAM (one draw)")
+    ax[1].plot([5], [0.01222], "x", color=colors["BRACE"], label="paper BRACE final (one draw, gamma 0.25)")
     ax[1].set_yscale("log")
-    ax[1].set_xlabel("update t")
+    ax[1].set_xlabel("update step t")
+    F.integer_ticks(ax[1], "x")
     ax[1].set_ylabel("per-coordinate squared error vs noiseless")
+    ax[1].set_title("Error along the trajectory", fontsize=9)
     ax[1].legend(fontsize=6)
-    ctx.save_figure(fig, "synthetic_trajectory")
+    F.save(ctx, fig, "synthetic_trajectory", "BRACE vs Naive DAM: one trajectory and the error per update step")
 
 
 # ================================================================== digits (Sec. 6.2)
@@ -343,9 +363,9 @@ def _dig_cross(cfg):
                         "mechanism.gamma", eps_key="grid.epsilons")
 
 
-def _boot(per_query: np.ndarray, idx: np.ndarray) -> tuple[float, float, float]:
-    means = per_query[idx].mean(axis=1)
-    return float(per_query.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+def _boot(per_query: np.ndarray, boot: tuple[int, int]) -> tuple[float, float, float]:
+    """Mean over queries and the 95% query-cluster percentile bootstrap (scipy.stats.bootstrap)."""
+    return _scipy_boot(per_query, boot)
 
 
 def _digits_beta(beta: float, sh: dict):
@@ -390,7 +410,7 @@ def run_digits(cfg, ctx) -> Result:
     q = x + cfg.data.corruption * ctx.rng("corruption").standard_normal(x.shape)
     Tmax = max(cfg.grid.T)
     normals = samplers.gaussian(1.0, (Q, R, Tmax, d), ctx.rng("innovations"))   # paired across methods
-    boot_idx = ctx.rng("bootstrap").integers(0, Q, size=(cfg.bootstrap, Q))
+    boot_idx = (cfg.bootstrap, int(ctx.rng("bootstrap").integers(2**62)))   # scipy.stats.bootstrap, paired by seed
     per_q = lambda v: v.reshape(Q, R).mean(axis=1)  # noqa: E731
 
     records = []  # dict rows: beta, r, T, eps, method, pred (mean, lo, hi), fid (mean, lo, hi)
@@ -456,13 +476,11 @@ def run_digits(cfg, ctx) -> Result:
 
 
 def _plot_digits(ctx, records, cfg, corrupted):
-    import matplotlib
+    from fedmem import figures as F
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"BRACE": "b", "Naive DAM": "r", "global-noise DAM": "g", "clean endpoint + noise": "m",
-              "noiseless DAM": "k"}
+    plt = F.pyplot()
+    colors = {"BRACE": F.colour(0), "Naive DAM": F.colour(3), "global-noise DAM": F.colour(2),
+              "clean endpoint + noise": F.colour(4), "noiseless DAM": F.colour(7)}
     for key, fname, ylabel in (("pred", "digits_prediction_mse", "prediction MSE vs x"),
                                ("fid", "digits_fidelity_mse", "fidelity MSE vs noiseless z_T")):
         Ts, Es = list(cfg.grid.T), list(cfg.grid.epsilons)
@@ -478,7 +496,7 @@ def _plot_digits(ctx, records, cfg, corrupted):
                     rs.sort(key=lambda rec: rec["beta"])
                     b = np.array([rec["beta"] for rec in rs])
                     v = np.array([rec[key] for rec in rs])
-                    ax.plot(b, v[:, 0], c + "-", lw=1.2, label=name)
+                    ax.plot(b, v[:, 0], "-", color=c, lw=1.2, label=name)
                     ax.fill_between(b, v[:, 1], v[:, 2], color=c, alpha=0.15)
                 if key == "pred":
                     ax.axhline(corrupted[0], color="0.5", ls="--", lw=1, label="corrupted input")
@@ -489,8 +507,7 @@ def _plot_digits(ctx, records, cfg, corrupted):
                 if j == 0:
                     ax.set_ylabel(ylabel)
         axes[0][0].legend(fontsize=7)
-        fig.tight_layout()
-        ctx.save_figure(fig, fname)
+        F.save(ctx, fig, fname, f"{ylabel} against beta per (T, epsilon), 95% CIs")
 
 
 EXPERIMENTS = {
