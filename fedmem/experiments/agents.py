@@ -289,15 +289,14 @@ def _boundary_rows(games, fed_util) -> list:
 
 
 def _plot(ctx, users, eps, composed):
-    import matplotlib
+    from fedmem import figures as F
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = F.pyplot()
     x = np.arange(len(users))
     fig, ax = plt.subplots(figsize=(max(5, 0.35 * len(users) + 2), 3.8))
     w = 0.22
-    for j, (name, col) in enumerate((("federation", "C0"), ("DP-MemView (max attr.)", "C1"), ("BRACE", "C2"))):
+    for j, (name, col) in enumerate((("federation", F.colour(0)), ("DP-MemView (max attr.)", F.colour(1)),
+                                     ("BRACE", F.colour(2)))):
         ax.bar(x + (j - 1) * w, eps[:, j], w, label=name, color=col)
     ax.plot(x, composed, "k_", markersize=12, label="composed (RDP)")
     ax.set_xticks(x)
@@ -305,8 +304,7 @@ def _plot(ctx, users, eps, composed):
     ax.set_ylabel("epsilon spent")
     ax.set_title("Per-user spend per boundary")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    ctx.save_figure(fig, "agents_spend", "per-user epsilon per (eps, delta)-type boundary and composed")
+    F.save(ctx, fig, "agents_spend", "per-user epsilon per (eps, delta)-type boundary and composed")
     plt.close(fig)
 
 
