@@ -233,19 +233,20 @@ def _discrete_gaussian(sigma2: Fraction, bits: _Bits) -> int:
 # CKS20 Algorithm 3 with the Laplace proposal of scale sigma itself (the algorithm is exact
 # for any proposal scale > 0; with proposal scale sigma = t/s the acceptance exponent is
 # the integer ratio (|y| s - t)**2 / (2 t**2)). Every Bernoulli is exact:
-#   * Bernoulli(exp(-r/D)) for 0 <= r <= D: CKS20 Algorithm 1, A_k ~ Bernoulli(r/D) AND
-#     Bernoulli(1/k), drawn for k = 1.._KCOLS at once (matrix), rare rows continue on ints;
+#   * Bernoulli(exp(-r/D)) for 0 <= r <= D: CKS20 Algorithm 1, A_k ~ Bernoulli(r/(D k)),
+#     drawn column by column for the lanes still running (Python ints if D k nears 2**62);
 #   * Bernoulli(exp(-j)) for integer j and the geometric count V (P[V >= v] = exp(-v)):
 #     one uniform real U, compared with exp(-j) digit by digit in base 2**64 (the first
 #     digit against a table of floor(exp(-j) 2**64), computed with certified interval
 #     arithmetic; the rare ties, probability 2**-64 per draw, read further digits).
-# Uniform integers below a constant n: the top bits of raw 64-bit words, rejected when
+# Uniform integers below a constant n: b-bit fields of raw 64-bit words, rejected when
 # >= n (every accepted value is exactly uniform, and they are assigned to lanes in order).
+# Each stage only runs on the lanes still alive (accepted proposals, lanes with an
+# exponent >= 1), so the work per output draw is a few dozen integer operations.
 
 _PBITS = 20                 # relative rounding of the scale in grid units: at most 2**-20, upward
 _GAUSS_VEC_MAX_T = 1 << 24  # t beyond this (a very fine explicit grid): the Python-int path
 _LAP_VEC_MAX_T = 1 << 50
-_KCOLS = 3                  # Algorithm 1 columns drawn at once (a row continues with prob <= 1/3!)
 _VMAX = 44                  # exp(-45) * 2**64 < 1: the table decides V <= 44 unless U's first digit is 0
 _U64 = np.uint64
 
@@ -302,22 +303,9 @@ def _table() -> np.ndarray:
     return _EXP_TABLE
 
 
-@functools.lru_cache(maxsize=1)
-def _inv_k_table() -> np.ndarray:
-    """Row u < _KCOLS!: [digit_k(u) == 0 for k = 1.._KCOLS], the mixed-radix digits of u
-    (digit_k uniform below k, independent across k when u is uniform below _KCOLS!)."""
-    rows = np.ones((math.factorial(_KCOLS), _KCOLS), dtype=bool)
-    for u in range(rows.shape[0]):
-        rest = u
-        for k in range(2, _KCOLS + 1):
-            rows[u, k - 1] = rest % k == 0
-            rest //= k
-    rows.setflags(write=False)
-    return rows
-
-
 @functools.lru_cache(maxsize=64)
 def _field_shifts(b: int) -> np.ndarray:
+    """Shifts 0, b, 2b, ... cutting a 64-bit word into 64 // b fields of b bits."""
     return (np.arange(64 // b, dtype=np.uint64) * _U64(b)).astype(_U64)
 
 
@@ -404,26 +392,19 @@ class _Words:
         out = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return out[:size].astype(np.int64)
 
-    def bern_exp_frac(self, r: np.ndarray, den: int, uniforms: np.ndarray | None = None) -> np.ndarray:
+    def bern_exp_frac(self, r: np.ndarray, den: int) -> np.ndarray:
         """Exact Bernoulli(exp(-r/den)) per lane, for int64 ``0 <= r <= den`` (CKS20 Alg. 1).
 
-        K = first k >= 1 with A_k = 0, A_k ~ Bernoulli(r/den) * Bernoulli(1/k); return K odd.
-        ``uniforms``: ``r.size * _KCOLS`` fresh uniform integers below ``den`` if the caller
-        drew them already (one call instead of two).
+        K = first k >= 1 with A_k = 0, A_k ~ Bernoulli(r / (den k)); return K odd. Only the
+        lanes still running draw the next A_k (on average e**(r/den) <= e draws per lane).
         """
         m = r.size
+        out = np.zeros(m, dtype=bool)
         if m == 0:
-            return np.zeros(0, dtype=bool)
-        if uniforms is None:
-            uniforms = self.below(den, m * _KCOLS)
-        a = uniforms.reshape(m, _KCOLS) < r[:, None]
-        # Bernoulli(1/k) for k = 1.._KCOLS: the mixed-radix digits of one uniform below _KCOLS!.
-        a &= _inv_k_table()[self.below(math.factorial(_KCOLS), m)]
-        first_false = np.argmin(a, axis=1)
-        out = (first_false % 2) == 0                  # K = first_false + 1 odd
-        rest = np.flatnonzero(a[np.arange(m), first_false])   # rows with no zero yet
-        k = _KCOLS + 1
-        while rest.size:                               # probability <= 1/_KCOLS! per row
+            return out
+        rest = np.arange(m)
+        k = 1
+        while rest.size:
             if den * k >= 1 << 62:                      # (never in practice) exact Python ints
                 for i in rest:
                     kk, ri = k, int(r[i])
@@ -432,8 +413,8 @@ class _Words:
                     out[i] = kk % 2 == 1
                 break
             go_on = self.below(den * k, rest.size) < r[rest]   # A_k ~ Bernoulli(r / (den k))
-            stop = rest[~go_on]
-            out[stop] = k % 2 == 1
+            if k % 2 == 1:
+                out[rest[~go_on]] = True                # K = k odd (out is False otherwise)
             rest = rest[go_on]
             k += 1
         return out
@@ -476,7 +457,7 @@ def _scale_ratio(units: Fraction) -> tuple[int, int]:
     return t, s
 
 
-def _huge_lane(u: int, v: int, t: int, s: int) -> int:
+def _huge_lane(u: int, v: int, t: int, s: int) -> int:  # noqa: D401
     """|y| of a proposal whose V exceeded the table (probability < 2**-64 per proposal)."""
     y = (u + t * v) // s
     if y >= 1 << 62:   # needs V > 2**38: probability below exp(-2**38); fail closed
@@ -484,25 +465,36 @@ def _huge_lane(u: int, v: int, t: int, s: int) -> int:
     return y
 
 
-def _dlap_candidates(t: int, s: int, m: int, src: _Words, extra: int = 0):
-    """``m`` proposals of CKS20 Algorithm 2 (scale t/s): accepted mask, y, the lanes to finish
-    on Python ints, their inputs, and ``extra * m`` spare fresh words for the caller."""
-    ub = src.below(t, m * (1 + _KCOLS))
-    u = ub[:m]
-    keep = src.bern_exp_frac(u, t, ub[m:])
-    w = src.words(m * (2 + extra))
-    v = src.geometric_e(w[:m])
-    neg = (w[m:2 * m] & _U64(1)).astype(bool)
-    big = v > _VMAX                     # only after a first digit of 0 (prob 2**-64 per lane)
-    vv = np.where(big, 0, v)
-    y = (u + t * vv) // s
-    keep &= ~(neg & (y == 0) & ~big)    # (huge lanes: decided by the caller on Python ints)
+def _signs(src: _Words, k: int) -> np.ndarray:
+    """``k`` fair coin flips (bool), 64 per word."""
+    w = src.words((k + 63) // 64)
+    return (((w[:, None] >> _field_shifts(1)) & _U64(1)).ravel()[:k]).astype(bool)
+
+
+def _dlap_proposals(t: int, s: int, m: int, src: _Words):
+    """CKS20 Algorithm 2 (scale t/s) on ``m`` proposals; returns the accepted draws ``y``
+    (int64, about 0.63 m of them) and the indices of those that were finished on Python
+    ints (V beyond the table: probability below 2**-64 per proposal), or None."""
+    u = src.below(t, m)
+    u = u[src.bern_exp_frac(u, t)]              # D ~ Bernoulli(exp(-U/t))
+    k = u.size
+    v = src.geometric_e(src.words(k))
+    neg = _signs(src, k)
+    big = np.flatnonzero(v > _VMAX)
+    y = (u + t * np.minimum(v, _VMAX)) // s
+    for i in big:                                # exact Python ints for the (never seen) huge lanes
+        y[i] = _huge_lane(int(u[i]), int(v[i]), t, s)
+    keep = ~(neg & (y == 0))                     # reject (negative, 0)
     y = np.where(neg, -y, y)
-    return keep, y, big, (u, v, neg), w[2 * m:]
+    if big.size:
+        flag = np.zeros(k, dtype=bool)
+        flag[big] = True
+        return y[keep], np.flatnonzero(flag[keep])
+    return y[keep], None
 
 
 def discrete_laplace_ints(t: int, s: int, n: int, src: _Words) -> np.ndarray:
-    """``n`` exact draws with Pr[y] proportional to exp(-|y| s / t) (int64 unless huge)."""
+    """``n`` exact draws with Pr[y] proportional to exp(-|y| s / t) (int64; object if t is huge)."""
     if not (1 <= t and 1 <= s):
         raise ValueError(f"t and s must be positive integers. Found t={t!r}, s={s!r}.")
     if t > _LAP_VEC_MAX_T:
@@ -510,15 +502,9 @@ def discrete_laplace_ints(t: int, s: int, n: int, src: _Words) -> np.ndarray:
         return np.array([_discrete_laplace(s, t, bits) for _ in range(n)], dtype=object)
     out, got = [], 0
     while got < n:
-        m = int((n - got) * 1.8) + 16
-        keep, y, big, (u, v, neg), _ = _dlap_candidates(t, s, m, src)
-        for i in np.flatnonzero(big):    # exact Python ints for the (never seen) huge lanes
-            yi = _huge_lane(int(u[i]), int(v[i]), t, s)
-            keep[i] = bool(keep[i]) and not (neg[i] and yi == 0)
-            y[i] = -yi if neg[i] else yi
-        acc = y[keep]
-        out.append(acc)
-        got += acc.size
+        y, _ = _dlap_proposals(t, s, int((n - got) * 1.7) + 16, src)
+        out.append(y)
+        got += y.size
     return np.concatenate(out)[:n]
 
 
@@ -533,16 +519,21 @@ def discrete_gaussian_ints(t: int, s: int, n: int, src: _Words) -> np.ndarray:
     den = 2 * t * t                      # < 2**49
     out, got = [], 0
     while got < n:
-        m = int((n - got) * 2.6) + 16
-        keep, y, big, (u, v, neg), w = _dlap_candidates(t, s, m, src, extra=1)
-        a = np.abs(y) * s - t            # |a| <= t * (_VMAX + 1) < 2**30: a*a < 2**60
+        y, big = _dlap_proposals(t, s, int((n - got) * 2.3) + 16, src)
+        ya = np.abs(y)
+        if big is not None:
+            ya[big] = 0                  # placeholders, decided on Python ints below
+        a = ya * s - t                   # |a| <= t * (_VMAX + 1) < 2**30: a*a < 2**60
         num = a * a
-        acc = keep & src.bern_exp_int(num // den, w) & src.bern_exp_frac(num % den, den)
-        for i in np.flatnonzero(big):    # exact Python ints for the (never seen) huge lanes
-            yi = _huge_lane(int(u[i]), int(v[i]), t, s)
-            ok = bool(keep[i]) and not (neg[i] and yi == 0)
-            acc[i] = ok and _bernoulli_exp_ratio((yi * s - t) ** 2, den, src.bits)
-            y[i] = -yi if neg[i] else yi
+        j, r = num // den, num % den
+        acc = np.ones(y.size, dtype=bool)
+        hi = np.flatnonzero(j > 0)                               # ~9% of lanes
+        acc[hi] = src.bern_exp_int(j[hi])
+        idx = np.flatnonzero(acc)
+        acc[idx] = src.bern_exp_frac(r[idx], den)
+        for i in (big if big is not None else ()):   # exact Python ints for the huge lanes
+            yi = abs(int(y[i]))
+            acc[i] = _bernoulli_exp_ratio((yi * s - t) ** 2, den, src.bits)
         got_y = y[acc]
         out.append(got_y)
         got += got_y.size
@@ -662,7 +653,7 @@ class _NoisePool:
             return out
 
 
-_POOL = _NoisePool()
+_POOL = _NoisePool(max_draws=8192)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_POOL.clear)
 
