@@ -170,3 +170,22 @@ def test_make_wrapped_runs_n_rounds_and_books_each(dp, api):
     assert all(o is not None and o[0].shape == (D,) for o in outs)
     assert gw.gateway.principal_accountant(gw.principal).count == 3
     assert gw.epsilon_per_round == pytest.approx(epsilon_of(2.0, 1e-6))
+
+
+def test_legacy_bridge_runs_the_message_api_gateway_under_a_legacy_workflow():
+    """SecAgg+ in Flower 1.42 drives legacy strategies only: LegacyBridge hands the legacy fit round to
+    the Message-API gateway (under SecAgg+ every result carries the aggregate; here plain replies)."""
+    from flwr.app import ArrayRecord
+
+    from fedmem.flower.bridge import LegacyBridge
+    from fedmem.flower.harness import _identity, legacy_round
+
+    _identity()
+    gw = _gw()
+    bridge = LegacyBridge(gw, ArrayRecord([np.zeros(D)]))
+    out, ins = legacy_round(bridge, 1, _replies(), num_examples=5)
+    assert len(ins) == M and out is not None and out[0].shape == (D,)
+    assert all(fi.config["server-round"] == 1 for _, fi in ins)       # the Message-API config reaches FitIns
+    assert gw.privacy_spent().num_releases == 1 and gw.audit[-1].decision == "admitted"
+    out, _ = legacy_round(bridge, 2, _replies()[:-1] + [None], num_examples=5)   # a failure: fails closed
+    assert out is None and gw.audit[-1].decision == "fault" and gw.privacy_spent().num_releases == 1

@@ -1,5 +1,9 @@
 """ServerApp: Flower's Message-API FedAvg behind fedmem's gateway (swap in any Message-API strategy).
 
+With ``secagg = true`` (default) the shards' replies are summed with SecAgg+: Flower 1.42 has
+SecAgg+ only as the legacy ``SecAggPlusWorkflow``, so the Message-API strategy runs under it through
+``fedmem.flower.bridge.LegacyBridge``; ``secagg = false`` runs ``strategy.start`` (plain Message API).
+
 The gateway (``fedmem.flower.GatewayStrategy``) admits a round only if its epsilon fits the
 budgets, computes the noised sum of the shards' replies itself (exact discrete Gaussian on a
 public grid), and hands FedAvg only that noised mean: FedAvg (or FedMedian, FedAdam, yours) is
@@ -13,6 +17,8 @@ import time
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.server import LegacyContext, ServerConfig
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
@@ -20,6 +26,7 @@ from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from fedmem.flower import GatewayStrategy
+from fedmem.flower.bridge import LegacyBridge
 
 from .task import sensitivity
 
@@ -50,15 +57,28 @@ def main(grid: Grid, context: Context) -> None:
                               accountant=flower_acc, epsilon_budget=float(cfg["epsilon-budget"]),
                               total_epsilon_budget=float(cfg["total-epsilon-budget"]), delta=delta)
     # --- end fedmem
-    result = gateway.start(grid=grid, initial_arrays=ArrayRecord([np.zeros(int(cfg["value-dim"]) + 1)]),
-                           num_rounds=int(cfg["num-server-rounds"]), train_config=ConfigRecord({}))
+    initial = ArrayRecord([np.zeros(int(cfg["value-dim"]) + 1)])
+    rounds = int(cfg["num-server-rounds"])
+    if bool(cfg["secagg"]):
+        # Flower 1.42 has SecAgg+ only as the legacy SecAggPlusWorkflow: run the Message-API strategy under it.
+        bridge = LegacyBridge(gateway, initial)
+        k = int(cfg["k-local"])
+        workflow = SecAggPlusWorkflow(num_shares=m, reconstruction_threshold=max(2, m // 2 + 1),
+                                      clipping_range=float(cfg["secagg-clipping-range"]),
+                                      quantization_range=2 ** 22, modulus_range=2 ** 32, max_weight=float(k))
+        DefaultWorkflow(fit_workflow=workflow)(grid, LegacyContext(context=context, config=ServerConfig(
+            num_rounds=rounds), strategy=bridge))
+        released = bridge.arrays
+    else:
+        released = gateway.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
+                                 train_config=ConfigRecord({})).arrays
     spent = gateway.privacy_spent()
     for rec in gateway.audit:
         line = f"round {rec.server_round}: {rec.decision} {' '.join(rec.reasons)}".rstrip()
         log(20, "fedmem: %s", line)
         print(line, flush=True)
-    if result.arrays is not None:
-        last = result.arrays.to_numpy_ndarrays()[0]
+    if released is not None:
+        last = np.concatenate([a.ravel() for a in released.to_numpy_ndarrays()])
         print(f"last release: noised matches {last[-1] * m:.2f} over {m} shards", flush=True)
     msg = (f"privacy spent: epsilon={spent.epsilon:.4f} at delta={spent.delta:g} over {spent.num_releases} rounds "
            f"(Flower accountant: epsilon={flower_acc.get_privacy_spent().epsilon:.4f})")
