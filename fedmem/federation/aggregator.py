@@ -236,7 +236,7 @@ class ReleasePolicy:
     n_bound: int = 40
     receipts: str = "suppress"
     receipt_sigma: float = 1.0
-    sampling: str = "fast"
+    sampling: str = "secure"   # "fast": float samplers, not DP as released (fedmem.dp.samplers)
     public_count: int | None = field(default=None)
 
     def __post_init__(self):

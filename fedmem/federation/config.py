@@ -65,7 +65,8 @@ class FederationConfig:
                                  allow_inf=True)
     total_epsilon_budget: float = knob(100.0, "epsilon (at delta) allowed over all principals (inf disables)",
                                        check=positive, allow_inf=True)
-    sampling: str = knob("fast", "noise sampler", choices=("fast", "secure"))
+    sampling: str = knob("secure", "noise sampler (fast: float samplers, not DP as released)",
+                          choices=("fast", "secure"))
     timeout_s: float = knob(30.0, "timeout of every remote call", check=positive)
     hosts: int = knob(2, "shard-host Ray actors (shards are split among them)", check=positive)
     max_batch: int = knob(1024, "most queries per retrieve_many call", check=positive)

@@ -57,7 +57,7 @@ class NoiseSource:
     derived from ``sigma_t``, which depends on the private bank.
     """
 
-    def __init__(self, *, normals: np.ndarray | None = None, rng=None, sampling: str = "fast",
+    def __init__(self, *, normals: np.ndarray | None = None, rng=None, sampling: str = "secure",
                  grid: float | None = None):
         if (normals is None) == (rng is None):
             raise ValueError("exactly one of normals or rng must be given. Found "

@@ -25,7 +25,7 @@ from fedmem.dp import Accountant
 class BraceMemory:
     """A private LSR memory bank that releases BRACE retrievals under an accountant."""
 
-    def __init__(self, bank, params: BraceParams, accountant: Accountant, rng, *, sampling: str = "fast",
+    def __init__(self, bank, params: BraceParams, accountant: Accountant, rng, *, sampling: str = "secure",
                  label: str = "brace recall"):
         if not isinstance(params, BraceParams):
             raise TypeError(f"params must be a BraceParams. Found {type(params).__name__}.")
