@@ -19,7 +19,7 @@ from fedmem.report import RunContext
 from fedmem.scenario import load_scenario
 
 SMALL = ["audit.trials=20000", "audit.broken_trials=4000", "aggregator.deployed=50", "audit.plots=false",
-         "memview.max_candidates=64"]
+         "memview.max_candidates=64", "dpmind.trials=4000"]
 
 
 def _run(tmp_path, extra):
@@ -38,7 +38,8 @@ def test_small_audit_catches_every_broken_variant_and_no_correct_one(tmp_path):
     expected = {"aggregator.gaussian", "aggregator.laplace", "aggregator.receipts", "memview.em",
                 "aggregator.gaussian/half_noise", "aggregator.gaussian/sensitivity_off_by_2",
                 "aggregator.gaussian/fast_float_sampler", "aggregator.laplace/half_noise",
-                "aggregator.receipts/missing_charge", "memview.em/sensitivity_off_by_2"}
+                "aggregator.receipts/missing_charge", "memview.em/sensitivity_off_by_2", "dpmind.token",
+                "dpmind.token/per_coordinate_laplace"}
     assert expected <= set(mech)
     for name, m in mech.items():
         assert set(m) >= {"eps_lower", "eps_booked", "tightness", "method", "trials", "broken"}
