@@ -418,8 +418,12 @@ def test_uniform_below_on_bit_fields():
 
 
 def test_python_int_fallbacks_keep_the_law(monkeypatch):
-    """Forced onto the exact Python-int paths (a tiny vectorisation limit), the law is unchanged."""
+    """Forced onto the exact Python-int paths (a tiny vectorisation limit), the law is unchanged:
+    first the Gaussian acceptance alone on Python ints (very fine explicit grids), then
+    the whole one-draw-at-a-time reference."""
     monkeypatch.setattr(samplers, "_GAUSS_VEC_MAX_T", 2)
+    y = samplers.discrete_gaussian_ints(3, 2, 8000, samplers._Words(np_rng(45)))
+    assert chi2_pvalue(tally(y), _dgauss_pmf_ts(3, 2, 60)) > ALPHA
     monkeypatch.setattr(samplers, "_LAP_VEC_MAX_T", 2)
     src = samplers._Words(np_rng(40))
     y = samplers.discrete_gaussian_ints(3, 2, 8000, src)

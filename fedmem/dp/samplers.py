@@ -49,7 +49,7 @@ an integer gamma and for the geometric count, one comparison of a uniform real w
 ``exp(-j)`` digit by digit (a certified table of ``floor(exp(-j) 2**64)``; ties, with
 probability 2**-64, read further digits). Every batch is drawn from the injected
 generator (a ``torch.Generator`` seeds a numpy PCG64 from 128 of its bits). Whatever
-would not fit in int64 (a very fine explicit grid, ``t >= 2**24`` for the Gaussian;
+would not fit in int64 (the Gaussian acceptance on a very fine explicit grid, ``t > 2**24``;
 events of probability below 2**-64) continues on exact Python integers, so the output
 law is exactly the discrete Laplace / Gaussian, never an approximation; the tests
 compare it with the CKS pmf and with the original one-draw-at-a-time Python sampler
@@ -245,7 +245,7 @@ def _discrete_gaussian(sigma2: Fraction, bits: _Bits) -> int:
 # exponent >= 1), so the work per output draw is a few dozen integer operations.
 
 _PBITS = 20                 # relative rounding of the scale in grid units: at most 2**-20, upward
-_GAUSS_VEC_MAX_T = 1 << 24  # t beyond this (a very fine explicit grid): the Python-int path
+_GAUSS_VEC_MAX_T = 1 << 24  # t beyond this (a very fine explicit grid): acceptance on Python ints
 _LAP_VEC_MAX_T = 1 << 50
 _VMAX = 44                  # exp(-45) * 2**64 < 1: the table decides V <= 44 unless U's first digit is 0
 _U64 = np.uint64
@@ -512,14 +512,22 @@ def discrete_gaussian_ints(t: int, s: int, n: int, src: _Words) -> np.ndarray:
     """``n`` exact draws with Pr[y] proportional to exp(-y**2 s**2 / (2 t**2)) (sigma = t/s)."""
     if not (1 <= t and 1 <= s):
         raise ValueError(f"t and s must be positive integers. Found t={t!r}, s={s!r}.")
-    if t > _GAUSS_VEC_MAX_T:
+    if t > _LAP_VEC_MAX_T:
         bits = src.bits
         sigma2 = Fraction(t, s) ** 2
         return np.array([_discrete_gaussian(sigma2, bits) for _ in range(n)], dtype=np.int64)
-    den = 2 * t * t                      # < 2**49
+    den = 2 * t * t                      # < 2**49 when t <= _GAUSS_VEC_MAX_T
     out, got = [], 0
     while got < n:
         y, big = _dlap_proposals(t, s, int((n - got) * 2.3) + 16, src)
+        if t > _GAUSS_VEC_MAX_T:         # a very fine explicit grid: the acceptance on Python ints
+            bits = src.bits
+            acc = np.array([_bernoulli_exp_ratio((abs(int(yi)) * s - t) ** 2, den, bits) for yi in y],
+                           dtype=bool)
+            got_y = y[acc]
+            out.append(got_y)
+            got += got_y.size
+            continue
         ya = np.abs(y)
         if big is not None:
             ya[big] = 0                  # placeholders, decided on Python ints below
