@@ -360,7 +360,8 @@ def _reconstruction_tables(records, cfg, tables, attack_rows, ctx) -> dict:
                              "constant guess chosen with hindsight of the true sizes (conservative)."))
     tables.append(Table("Gateway and accounting over the adaptive queries",
                         ["queries", "forwarded", "rejected", "forwarded support-leaky",
-                         "forwarded with an uncovered channel", "total bookings", "booked eps (total, at delta)"],
+                         "forwarded with an uncovered channel", "bookings (this run)",
+                         "booked eps (ledger total across resumes, at delta)"],
                         [[len(records), len(released), len(rejected), len(leaky_fwd), len(unbooked),
                           sum(r.bookings for r in records), records[-1].eps_after if records else 0.0]],
                         note="Support-leaky: exact data-dependent receipts or count (also as the exact "
