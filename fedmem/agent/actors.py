@@ -7,9 +7,17 @@ Processes and what crosses between them (``docs/agents.md`` has the diagram):
   (``ledgers/<user>.sqlite``: ``agent/<user>/{brace,memview,dpmind}``), booked before
   each release. The plain ``AgentClient`` never leaves the actor (it refuses pickling).
 * **federation service** (:class:`~fedmem.agent.federation_service.FederationService`):
-  one ``Federation`` for all agents; each agent holds a ``RemoteMemoryClient`` with its
-  own principal (``Federation.connect()`` in the service); the gateway books into the
-  federation's file before a response leaves.
+  one ``Federation`` for all agents, reached by agents only through a
+  :class:`~fedmem.agent.federation_service.FederationGate` (connect, query under the
+  agent's own capability, its own spend and bookings); each agent holds a
+  ``RemoteMemoryClient`` on the gate with the capability ``connect()`` issued to it. The
+  gateway books into the federation's file (opened only by the service, mode 0600)
+  before a response leaves; the agent reads its own bookings through the gate.
+
+This is the **in-cluster** mode (``mode="cluster"``): Ray confines nothing between actors,
+so these boundaries are simulated (docs/agents.md). The isolated mode
+(:mod:`fedmem.agent.isolated`, the default of ``agents.session``) runs the same
+``AgentClient`` in an OS process outside Ray.
 * **projector service**: nearest-token search on the *noisy* embeddings only.
 * **third-party app** and **external model provider** (:class:`BoundaryObserver`): one
   actor each, shared by all agents; each records every message it receives (that is the
@@ -80,7 +88,7 @@ class ObserverResponder:
 class AgentHost:
     """Body of the per-user agent actor; builds the ``AgentClient`` inside the actor's process."""
 
-    def __init__(self, world, config, ledger_path: str, fed_service, fed_info: dict, table, projector_service,
+    def __init__(self, world, config, ledger_path: str, fed_gate, fed_info: dict, table, projector_service,
                  seed: int, *, app=None, external=None, agent_cls=None, step_delay_s: float = 0.0):
         import ray
 
@@ -93,16 +101,15 @@ class AgentHost:
         self.user = world.user
         self.ledger_path = str(ledger_path)
         store = DurableStore(self.ledger_path)
-        fed_store = DurableStore(fed_info["ledger_path"])
-        principal = ray.get(fed_service.connect.remote())
-        client = RemoteMemoryClient(fed_service, principal)
+        principal = ray.get(fed_gate.connect.remote())       # this agent's capability
+        client = RemoteMemoryClient(fed_gate, principal)
         perturber = TokenPerturber(MetricLaplace(float(config.dpmind_epsilon), table.dim), table,
                                    RemoteProjector(projector_service, table))
         codec = WordPieceCodec(minilm_dir() / "tokenizer.json")
         cls = agent_cls or AgentClient
         self.agent = cls(world.user, policy=world.pair.policy, memory=world.pair.stores["M"], federation=client,
                          bank=world.bank, config=config, store=store, rng=np.random.default_rng(int(seed)),
-                         federation_store=fed_store, federation_accountant=fed_info["accountant"],
+                         federation_store=None, federation_accountant=fed_info["accountant"],
                          federation_delta=fed_info["delta"], perturber=perturber, codec=codec,
                          app_responder=None if app is None else ObserverResponder(app, world.user),
                          external_responder=None if external is None else ObserverResponder(external, world.user))
@@ -110,7 +117,13 @@ class AgentHost:
         self.step_delay_s = float(step_delay_s)
 
     def ping(self) -> str:
-        return self.agent.federation.principal
+        """The agent's public principal label (never its capability)."""
+        return str(self.agent.federation.principal)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
 
     def step(self, t: int):
         import time
@@ -138,7 +151,7 @@ class AgentHost:
         """What crossed each boundary, as the agent's taps recorded it (evaluation only)."""
         a = self.agent
         return {
-            "principal": a.federation.principal,
+            "principal": str(a.federation.principal),
             "federation": [{"query_id": r["query_id"], "value": r["value"]} for r in a.federation_seen],
             "memview": [(rel.turn, tuple((s.slot, s.view, s.fallback) for s in rel.slots))
                         for rel in a.memview_released],

@@ -129,12 +129,16 @@ class Tap:
 # --------------------------------------------------------------------------- ledger
 class AgentLedger:
     """One user's end-to-end ledger: names ``agent/<user>/{brace,memview,dpmind}`` in ``store``,
-    plus the federation principal's accountant (``<fed>/principal/<id>``) in ``federation_store``.
+    plus the federation principal's accountant (``<fed>/principal/<label>``): read from
+    ``federation_store`` (the operator, or an in-process session), or, for an agent that may
+    not open the federation's file (issue 19), from ``federation_reader``: a callable
+    returning the (event dict, label) bookings of the agent's own capability (the gate's or
+    the isolated RPC's ``bookings``). ``principal`` is kept as its public label only.
     """
 
     def __init__(self, user: str, store: DurableStore, config: AgentConfig, attributes: Sequence[str], *,
                  federation_store: DurableStore | None = None, federation_accountant: str = "federation",
-                 principal: str | None = None, federation_delta: float = 1e-6):
+                 principal: str | None = None, federation_delta: float = 1e-6, federation_reader=None):
         if not isinstance(user, str) or not user or "/" in user:
             raise ValueError(f"user must be a non-empty string without '/'. Found {user!r}.")
         if not isinstance(store, DurableStore):
@@ -150,6 +154,8 @@ class AgentLedger:
         cap = NO_CAP if math.isinf(config.dpmind_token_cap) else config.dpmind_token_cap
         self.dpmind = AttributeLedger({DPMIND_ATTR: cap}, store=store, name=f"{prefix}/dpmind")
         self.federation_store = federation_store
+        self.federation_reader = federation_reader
+        principal = None if principal is None else str(principal)      # the label, never the capability
         self.federation_name = None if principal is None else f"{federation_accountant}/principal/{principal}"
         self.principal = principal
         self.federation_delta = V.open_unit("federation_delta", federation_delta)
@@ -160,6 +166,8 @@ class AgentLedger:
 
     def federation_bookings(self) -> list[tuple[dict, str]]:
         """(event, label) of every release the federation booked to this user's principal."""
+        if self.federation_store is None and self.federation_reader is not None:
+            return [(dict(e), str(lbl)) for e, lbl in self.federation_reader()]
         if self.federation_store is None or self.federation_name is None:
             return []
         rows = self.federation_store.read(
@@ -167,6 +175,13 @@ class AgentLedger:
         return [(json.loads(e), lbl) for e, lbl in rows]
 
     def federation_epsilon(self) -> float:
+        if self.federation_store is None and self.federation_reader is not None:
+            from fedmem.dp.accountant import event_from_dict
+
+            acc = Accountant("rdp")
+            for ev, lbl in self.federation_bookings():
+                acc.book(event_from_dict(ev), label=lbl)
+            return float(acc.spent(self.federation_delta)) if acc.count else 0.0
         if self.federation_store is None or self.federation_name is None:
             return 0.0
         acc = Accountant("rdp", store=self.federation_store, name=self.federation_name)
@@ -241,9 +256,10 @@ class AgentClient:
         self._rng = rng
         # independent generators per boundary, all from the injected one
         seeds = rng.integers(0, 2**63 - 1, size=3)
+        reader = getattr(federation, "bookings", None) if federation_store is None else None
         self.ledger = AgentLedger(user, store, config, policy.attributes, federation_store=federation_store,
                                   federation_accountant=federation_accountant, principal=federation.principal,
-                                  federation_delta=federation_delta)
+                                  federation_delta=federation_delta, federation_reader=reader)
         self.memview = MemViewInterface(policy, memory, PaperScorer(PhraseLexicon(pm.LEXICON)),
                                         caps=self.ledger.memview_caps, rng=np.random.default_rng(seeds[0]),
                                         mode="online", K=config.memview_K, ledger_store=store,

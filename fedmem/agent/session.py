@@ -99,7 +99,12 @@ def run_session(agents, worlds) -> list[list]:
 
 # --------------------------------------------------------------------------- actors
 class ActorSession:
-    """One Ray actor per user (:class:`~fedmem.agent.actors.AgentHost`) against one federation service.
+    """One Ray actor per user (:class:`~fedmem.agent.actors.AgentHost`) against one federation service
+    (the **in-cluster** mode: boundaries simulated, Ray confines nothing; see
+    :class:`fedmem.agent.isolated.IsolatedSession` for the OS-enforced mode).
+
+    Agents get a :class:`~fedmem.agent.federation_service.FederationGate` (``self.gate``),
+    never the service handle ``self.fed`` (the operator's: audit, ground truth).
 
     Files under ``out_dir``: ``federation.sqlite`` (the federation's per-principal
     accountants) and ``ledgers/<user>.sqlite`` (each agent's own ledger). Ray must be
@@ -120,7 +125,8 @@ class ActorSession:
 
         from fedmem.agent.actors import DEFAULT_AGENT_CPUS, agent_actor_class, start_observer
         from fedmem.agent.dpmind import load_minilm
-        from fedmem.agent.federation_service import start_federation_service, start_projector_service
+        from fedmem.agent.federation_service import (start_federation_gate, start_federation_service,
+                                                     start_projector_service)
 
         if not ray.is_initialized():
             raise RuntimeError("ActorSession needs Ray: call fedmem._ray.ensure_ray() first.")
@@ -140,7 +146,10 @@ class ActorSession:
             self.fed = start_federation_service(fed_config, data, self.fed_path,
                                                 seed=int(s_fed.generate_state(1)[0]))
             self._handles.append(self.fed)
-            self.fed_info = ray.get(self.fed.info.remote())
+            self.fed_info = ray.get(self.fed.info.remote())          # operator's (with the ledger path)
+            self.gate = start_federation_gate(self.fed)              # what agents get instead of self.fed
+            self._handles.append(self.gate)
+            agent_info = ray.get(self.gate.info.remote())
             if projector is None:          # the shared nearest-token search (noisy embeddings only)
                 projector = [start_projector_service() for _ in range(projectors)]
                 self._handles += projector
@@ -160,7 +169,7 @@ class ActorSession:
             for i, (w, s) in enumerate(zip(self.worlds, seeds)):
                 if i and i % start_batch == 0:     # start actors a batch at a time: no stampede of imports
                     self._collect_principals()
-                self.actors[w.user] = cls.remote(w, config, str(self.ledger_paths[w.user]), self.fed, self.fed_info,
+                self.actors[w.user] = cls.remote(w, config, str(self.ledger_paths[w.user]), self.gate, agent_info,
                                                  table_ref, self.projectors[i % len(self.projectors)], int(s),
                                                  app=self.app,
                                                  external=self.external,
@@ -273,3 +282,24 @@ class ActorSession:
 
     def __exit__(self, *exc):
         self.close()
+
+
+MODES = ("isolated", "cluster")
+
+
+def open_session(mode: str, worlds, fed_config, data, config: AgentConfig, out_dir, *, seed: int, **kw):
+    """A session of ``mode``: ``"isolated"`` (:class:`fedmem.agent.isolated.IsolatedSession`:
+    each agent an OS process outside Ray, its own uid and network namespace where the OS
+    allows; the default of ``agents.session``) or ``"cluster"`` (:class:`ActorSession`:
+    agents as Ray actors, boundaries simulated). Keyword arguments the mode does not use
+    (``agent_cpus`` in isolated mode) are ignored."""
+    if mode == "isolated":
+        from fedmem.agent.isolated import IsolatedSession
+
+        kw.pop("agent_cpus", None)
+        return IsolatedSession(worlds, fed_config, data, config, out_dir, seed=seed, **kw)
+    if mode == "cluster":
+        for k in ("uid_base", "gid", "netns"):
+            kw.pop(k, None)
+        return ActorSession(worlds, fed_config, data, config, out_dir, seed=seed, **kw)
+    raise ValueError(f"mode must be one of {MODES}. Found {mode!r}.")

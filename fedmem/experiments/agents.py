@@ -26,7 +26,11 @@ from fedmem.scenario import Experiment, Param, open_unit, positive
 
 SCHEMA = {
     "agents": {
-        "n": Param(int, 100, "agents (users), one Ray actor and one principal each", check=positive),
+        "n": Param(int, 100, "agents (users), one process and one principal each", check=positive),
+        "mode": Param(str, "isolated", "isolated: each agent an OS process outside Ray (own uid and network "
+                      "namespace when run as root), reaching the federation only through a narrow RPC; cluster: "
+                      "agents as Ray actors (boundaries simulated: Ray confines nothing)",
+                      choices=("isolated", "cluster")),
         "tasks": Param(int, 20, "tasks per agent", check=positive),
         "context_tokens": Param(int, 256, "private long-context length per task (MiniLM tokens, >= 64)",
                                 check=lambda v: None if v >= 64 else f"must be >= 64, found {v!r}"),
@@ -110,7 +114,7 @@ def run(cfg, ctx) -> Result:
     from fedmem.agent import adversaries as adv
     from fedmem.agent.dpmind import load_minilm
     from fedmem.agent.federation_service import start_federation_service
-    from fedmem.agent.session import ActorSession, make_world
+    from fedmem.agent.session import make_world, open_session
     from fedmem.bench.shards import make_clustered_shards, without_record
 
     fcfg, acfg = _fed_config(cfg), _agent_config(cfg)
@@ -128,12 +132,15 @@ def run(cfg, ctx) -> Result:
                           object_store_mb=opts.get("object_store_mb") or None)
     seed = int(ctx.rng("session").integers(2**63))
     try:
-        with ActorSession(worlds, fcfg, data, acfg, ctx.out_dir, seed=seed, agent_cpus=a.actor_cpus,
+        with open_session(a.mode, worlds, fcfg, data, acfg, ctx.out_dir, seed=seed, agent_cpus=a.actor_cpus,
                           projectors=a.projectors) as sess:
             timings.update(sess.timings)
+            enforced = getattr(sess, "enforced", {"own_process_outside_ray": False, "own_uid": False,
+                                                  "network_namespace": False})
             t1 = time.perf_counter()
             results = sess.run()
             timings["session_s"] = time.perf_counter() - t1
+            agent_mem = _agent_memory(sess)
             step_s = np.asarray(sess.step_s)
             t2 = time.perf_counter()
             spends = sess.call("spend")
@@ -211,7 +218,8 @@ def run(cfg, ctx) -> Result:
     boundary_rows = _boundary_rows(games, fed_util)
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     metrics = {
-        "agents": a.n, "tasks": a.tasks, "agent_tasks_done": n_done, "timings": timings,
+        "agents": a.n, "tasks": a.tasks, "agent_tasks_done": n_done, "timings": timings, "mode": a.mode,
+        "isolation_enforced": enforced, "agent_memory": agent_mem,
         "driver_peak_rss_gb": peak_gb, "services": proj,
         "dead_agents": dead,
         "mean_epsilon": {"federation": float(eps[:, 0].mean()) if eps.size else None,
@@ -231,7 +239,9 @@ def run(cfg, ctx) -> Result:
             f"DP-MIND: metric-DP epsilon per token per context (recorded, not composed); composed = federation + "
             f"BRACE + largest DP-MemView attribute by dp-accounting RDP at delta={cfg.report.delta}, an upper bound "
             f"for one individual whose data reached all three boundaries. dominant = largest of the three epsilons. "
-            f"One Ray actor per user; dead agents: {sorted(dead) or 'none'}.")
+            f"Mode {a.mode} ({'one OS process per user outside Ray' if a.mode == 'isolated' else 'one Ray actor per user'}; "
+            f"enforced by the OS: {', '.join(k for k, v in enforced.items() if v) or 'nothing'}); "
+            f"dead agents: {sorted(dead) or 'none'}.")
     table_u = Table("Per-user spend per boundary (every release booked before it left)",
                     ["user", "principal", "fed eps", "fed releases", "fed refusals", "memview max eps",
                      "memview charges", "BRACE eps", "BRACE recalls", "DP-MIND eps/token", "DP-MIND contexts",
@@ -255,6 +265,17 @@ def run(cfg, ctx) -> Result:
                   for i, p in enumerate(proj["projectors"])],
                note=f"{a.n} agents x {a.tasks} tasks; agent-tasks done {n_done}")
     return Result(metrics=metrics, tables=[bt, table_u, chk, tt])
+
+
+def _agent_memory(sess) -> dict:
+    """PSS (MiB) of the processes that run agent code, by mode (isolated: children + zygote;
+    cluster: the Ray workers of the agent actors)."""
+    if hasattr(sess, "memory"):
+        return sess.memory()
+    from fedmem.agent.isolated import pss_mib
+
+    pids = sess.call("pid")
+    return {"agents_pss_mib": sum(pss_mib(p) for p in pids.values()), "processes": len(pids)}
 
 
 def _fmt_report(r):
@@ -322,7 +343,7 @@ def cross_checks(cfg) -> list[tuple[str, str]]:
 
     ray_cpus = (cfg.get("ray", {}) or {}).get("num_cpus") or os.cpu_count() or 1
     services = 5 * 0.05 + cfg.agents.projectors * 0.05      # federation, observers, projectors (num_cpus each)
-    need = cfg.agents.n * cfg.agents.actor_cpus + services
+    need = (cfg.agents.n * cfg.agents.actor_cpus if cfg.agents.mode == "cluster" else 0.0) + services
     if need > ray_cpus:
         problems.append(("agents.actor_cpus", f"agents.n * actor_cpus + services = {need:.2f} CPUs exceeds the "
                                               f"{ray_cpus} Ray CPUs (actors would wait forever), found "

@@ -10,6 +10,12 @@ refusal is uniform (constant text, no reasons): the client learns nothing from i
 the fact, which is decided from public state only. A deliberate retry may say so
 (``retry_of``); silent or not, every answer is booked to the principal.
 
+The principal is a **capability** (issue 19): ``Federation.connect()`` returns a client
+holding a :class:`~fedmem.federation.gateway.Principal` (public random label + secret
+token). Every query path checks it with the gateway: a client built on a forged, guessed
+or merely known label gets the uniform refusal on every query (booked to the operator's
+audit as ``unissued_principal``), and reads 0 as its spend.
+
 Everything a client can see is the threat model's observable surface: the returned
 :class:`~fedmem.federation.engine.Response`, the exception, and timing. The
 simulation runs in one process, so nothing stops Python code from reaching into the
@@ -26,14 +32,14 @@ from fedmem.errors import SupportPrivacyViolation
 class MemoryClient:
     """One agent's handle on a federation, with the principal id the federation issued."""
 
-    def __init__(self, federation, *, principal: str, family: str | None = None):
+    def __init__(self, federation, *, principal, family: str | None = None):
         from fedmem.federation.engine import Federation
 
         if not isinstance(federation, Federation):
             raise TypeError(f"federation must be a Federation. Found {type(federation).__name__}.")
         if not isinstance(principal, str) or not principal:
-            raise ValueError(f"principal must be a non-empty string issued by Federation.connect(). "
-                             f"Found {principal!r}.")
+            raise ValueError("principal must be a capability issued by Federation.connect() (a Principal or its "
+                             f"token). Found {type(principal).__name__}.")
         self._federation = federation
         self.principal = principal
         self.family = family
@@ -58,9 +64,11 @@ class MemoryClient:
     @property
     def epsilon_spent(self) -> float:
         """This principal's booked epsilon at the federation's delta."""
-        return self._federation.gateway.principal_spent(self.principal)
+        label = self._federation.gateway.resolve(self.principal)
+        return 0.0 if label is None else self._federation.gateway.principal_spent(label)
 
     @property
     def support_bits_spent(self) -> float:
         """This principal's booked support-channel bits."""
-        return self._federation.gateway.support_bits(self.principal)
+        label = self._federation.gateway.resolve(self.principal)
+        return 0.0 if label is None else self._federation.gateway.support_bits(label)

@@ -30,7 +30,14 @@ events of every release of a policy, derived from the configuration alone):
 Budgets are charged per **principal** — the identity the federation gives a client
 when it connects (:meth:`~fedmem.federation.engine.Federation.connect`), never a label
 the caller chooses — and in total, so a Sybil that connects many times is still bounded
-by the totals. A query family is kept only as a label in the operator's audit log.
+by the totals. A principal is a **capability** (issue 19): :meth:`Gateway.new_principal`
+returns a :class:`Principal`, whose string value is a random public label (``p-`` and 16
+hex digits: not sequential, not guessable from other labels) used in ledgers and the
+audit log, and which carries a secret 128-bit token (:mod:`secrets`). The store keeps
+only the token's SHA-256 digest; :meth:`Gateway.resolve` maps a presented token (or
+``Principal``) back to its label, and anything the gateway did not issue resolves to
+``None`` and is refused with the uniform refusal (reason ``unissued_principal`` in the
+operator's audit). Knowing a label (from a ledger or a report) gives no right to query. A query family is kept only as a label in the operator's audit log.
 All spend lives in durable accountants in the same SQLite store as the federation's
 accountant (names ``<accountant>/principal/<id>``, ``<accountant>/support/<id>``,
 ``<accountant>/support/total``), together with the issued query ids and principals,
@@ -56,7 +63,9 @@ never decides anything.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import secrets
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -69,7 +78,8 @@ from fedmem.federation.aggregator import ReleasePlan
 
 ANONYMOUS = "anonymous"
 ROUTES = ("primary", "fallback")
-REASONS = ("retry_unbooked", "unbookable", "support_budget", "epsilon_budget")
+REASONS = ("unissued_principal", "retry_unbooked", "unbookable", "support_budget", "epsilon_budget")
+UNISSUED = "unissued"          # the label booked for a query under a capability nobody issued
 REFUSAL_TEXT = "no memory available for this query"
 
 _TABLES = """
@@ -79,7 +89,44 @@ CREATE TABLE IF NOT EXISTS federation_queries (
     id INTEGER PRIMARY KEY AUTOINCREMENT, federation TEXT NOT NULL, qid INTEGER NOT NULL, principal TEXT NOT NULL,
     family TEXT, retry_of INTEGER);
 CREATE INDEX IF NOT EXISTS ix_federation_queries ON federation_queries (federation, qid);
+CREATE TABLE IF NOT EXISTS federation_capabilities (
+    federation TEXT NOT NULL, digest TEXT NOT NULL, principal TEXT NOT NULL, PRIMARY KEY (federation, digest));
 """
+
+
+class Principal(str):
+    """An issued principal: the string value is its public label, ``capability`` its secret token.
+
+    Crossing a process boundary (pickling) carries the token: hand a ``Principal`` only to
+    the party it was issued to. ``repr`` and ``str`` show the label only.
+    """
+
+    def __new__(cls, label: str, token: str):
+        obj = super().__new__(cls, label)
+        obj._token = token
+        return obj
+
+    @property
+    def label(self) -> str:
+        return str.__str__(self)
+
+    @property
+    def capability(self) -> str:
+        """The secret token (what an RPC client presents)."""
+        return self._token
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"Principal({str.__str__(self)!r})"
+
+    def __reduce__(self):
+        return (Principal, (str.__str__(self), self._token))
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def refusal(query_id: int | None = None) -> SupportPrivacyViolation:
@@ -128,30 +175,62 @@ class Gateway:
                 with self.store.transaction() as db:
                     db.execute(stmt)
         self._accs: dict[str, Accountant] = {}
+        self._resolved: dict[str, str] = {}    # token digest -> label (cache of federation_capabilities)
         self._pending: dict[str, list] = defaultdict(list)
         self._counts: dict[str, list] = defaultdict(list)     # family -> released counts (diagnostic)
 
     # ------------------------------------------------------------------ principals and queries
-    def new_principal(self) -> str:
-        """A fresh principal id, durable and never reused (also across restarts)."""
+    def new_principal(self) -> Principal:
+        """A fresh principal: random public label + secret 128-bit token, durable (only the
+        token's digest is stored) and never reused (also across restarts)."""
         import time
 
+        token = secrets.token_hex(16)
         with self.store.transaction() as db:
-            n = db.execute("SELECT COUNT(*) FROM federation_principals WHERE federation=?", (self.name,)).fetchone()[0]
-            pid = f"p{n + 1}"
-            db.execute("INSERT INTO federation_principals VALUES (?, ?, ?)", (self.name, pid, time.time()))
-        return pid
+            while True:
+                label = f"p-{secrets.token_hex(8)}"
+                if not db.execute("SELECT 1 FROM federation_principals WHERE federation=? AND principal=?",
+                                  (self.name, label)).fetchone():
+                    break
+            db.execute("INSERT INTO federation_principals VALUES (?, ?, ?)", (self.name, label, time.time()))
+            db.execute("INSERT INTO federation_capabilities VALUES (?, ?, ?)", (self.name, _digest(token), label))
+        self._resolved[_digest(token)] = label
+        return Principal(label, token)
 
-    def known_principal(self, principal: str) -> bool:
-        rows = self.store.read("SELECT 1 FROM federation_principals WHERE federation=? AND principal=?",
-                               (self.name, principal))
-        return bool(rows) or principal == ANONYMOUS
+    def resolve(self, capability) -> str | None:
+        """The label of an issued capability (a :class:`Principal` or its token), else ``None``.
+
+        A bare label is not a capability: it resolves to ``None`` (unless it happens to be
+        someone's token, which has probability 2^-128)."""
+        if isinstance(capability, Principal):
+            token, want = capability.capability, capability.label
+        elif isinstance(capability, str):
+            token, want = capability, None
+        else:
+            return None
+        if not isinstance(token, str) or not token:
+            return None
+        d = _digest(token)
+        label = self._resolved.get(d)
+        if label is None:
+            rows = self.store.read("SELECT principal FROM federation_capabilities WHERE federation=? AND digest=?",
+                                   (self.name, d))
+            if not rows:
+                return None
+            label = self._resolved[d] = rows[0][0]
+        if want is not None and want != label:
+            return None
+        return label
+
+    def known_principal(self, principal) -> bool:
+        """Whether ``principal`` is an issued capability (a bare label is not)."""
+        return self.resolve(principal) is not None
 
     def register(self, principal, families, retries) -> list[int]:
         """Issue durable, sequential query ids for one batch (one transaction). ``principal``:
         one id for the whole batch, or a list with one per query."""
         families, retries = list(families), list(retries)
-        pids = list(principal) if isinstance(principal, (list, tuple)) else [principal] * len(families)
+        pids = [str(p) for p in principal] if isinstance(principal, (list, tuple)) else [str(principal)] * len(families)
         ids = []
         with self.store.transaction() as db:
             row = db.execute("SELECT MAX(qid) FROM federation_queries WHERE federation=?", (self.name,)).fetchone()
@@ -210,6 +289,8 @@ class Gateway:
         """Admission of one query from public state only (module docstring). Reserves the
         charges of an admitted query until :meth:`book` or :meth:`clear_pending`."""
         reasons: list[str] = []
+        if principal == UNISSUED:
+            return Decision(query_id, principal, family, retry_of, None, ("unissued_principal",), math.nan)
         if retry_of is not None and not self.issued(retry_of):
             return Decision(query_id, principal, family, retry_of, None, ("retry_unbooked",), math.nan)
         for route in ROUTES:

@@ -1,0 +1,304 @@
+"""Real boundaries (issue 19): principals are capabilities, agents get no operator handle,
+and an isolated agent (own OS process outside Ray, own uid and network namespace when
+run as root) reaches nothing of the federation but its narrow RPC.
+
+Each attack of the issue is one assertion here: forge a principal, guess the next id,
+call operator methods from an agent, edit the federation ledger from an agent, enumerate
+and enter Ray actors from an agent. The same probe run from an in-cluster agent (Ray
+actor) *does* see the cluster: that companion shows the probe can fail, and documents
+that the in-cluster mode only simulates the boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedmem.agent.client import AgentClient, AgentConfig
+from fedmem.bench.shards import make_clustered_shards
+from fedmem.dp import Accountant, DurableStore
+from fedmem.errors import SupportPrivacyViolation
+from fedmem.federation.engine import Federation, FederationConfig
+from fedmem.federation.gateway import Principal
+
+FCFG = FederationConfig(shards=6, records_per_shard=12, key_dim=16, value_dim=8, k=3, k_local=2, mpc="plaintext",
+                        sigma=3.0, hosts=1, epsilon_budget=4.0, total_epsilon_budget=1000.0)
+ACFG = AgentConfig(dpmind_chunk_tokens=128)
+ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_clustered_shards(FCFG.shards, FCFG.records_per_shard, FCFG.key_dim, FCFG.value_dim, FCFG.clip,
+                                 np.random.default_rng(0), clusters=3)
+
+
+def _shape(exc):
+    """Everything an agent can observe of a refusal except the public query id."""
+    attrs = {k: v for k, v in vars(exc).items() if k != "query_id"}
+    return type(exc), str(exc), exc.args, sorted(vars(exc)), attrs
+
+
+def test_forged_guessed_and_known_labels_are_refused_uniformly(tmp_path, data, ray_local):
+    store = DurableStore(tmp_path / "fed.sqlite")
+    q = np.random.default_rng(2).normal(size=FCFG.key_dim)
+    with Federation(FCFG, data, accountant=Accountant("rdp", store=store, name="fed"),
+                    rng=np.random.default_rng(1)) as f:
+        clients = [f.connect() for _ in range(4)]
+        labels = [str(c.principal) for c in clients]
+        assert all(re.fullmatch(r"p-[0-9a-f]{16}", lbl) for lbl in labels)        # random, not p1, p2, ...
+        assert len({int(lbl[2:], 16) for lbl in labels}) == 4
+        assert all(isinstance(c.principal, Principal) and len(c.principal.capability) == 32 for c in clients)
+        # a real refusal (budget) to compare with
+        own = clients[0]
+        answered = 0
+        budget_refusal = None
+        for _ in range(30):
+            try:
+                own.retrieve(q)
+                answered += 1
+            except SupportPrivacyViolation as exc:
+                budget_refusal = exc
+        assert 0 < answered < 30 and budget_refusal is not None
+        # forged, guessed and known-but-not-held principals: every query refused, same shape
+        forged = ["p1", "p2", f"p-{'0' * 16}", labels[1], labels[2], "anonymous", "", "x" * 32,
+                  Principal(labels[1], "0" * 32)]
+        got = f.retrieve_many(np.repeat(q[None], len(forged), axis=0), principal=forged)
+        assert all(isinstance(r, SupportPrivacyViolation) for r in got)
+        assert {_shape(r) for r in got} == {_shape(budget_refusal)}
+        for p in forged:
+            with pytest.raises(SupportPrivacyViolation) as info:
+                f.retrieve(q, principal=p)
+            assert _shape(info.value) == _shape(budget_refusal)
+        # a client built on someone's label: refused, and reads 0 as its spend (not the owner's)
+        from fedmem.federation.client import MemoryClient
+
+        thief = MemoryClient(f, principal=labels[0])
+        with pytest.raises(SupportPrivacyViolation):
+            thief.retrieve(q)
+        assert thief.epsilon_spent == 0.0 and own.epsilon_spent > 0
+        # nothing was charged to the victims; the operator's audit names the reason
+        assert all(f.gateway.principal_spent(lbl) == 0.0 for lbl in labels[1:])
+        unissued = [a for a in f.audit if a.principal == "unissued"]
+        assert len(unissued) == 2 * len(forged) + 1 and all(a.reasons == ("unissued_principal",) for a in unissued)
+        # re-attach needs the capability, not the label
+        with pytest.raises(ValueError, match="issued"):
+            f.connect(labels[0])
+        token = own.principal.capability
+        spent = own.epsilon_spent
+    # durable: a restarted federation knows the capability (and its spend), not the label
+    with Federation(FCFG, data, accountant=Accountant("rdp", store=DurableStore(tmp_path / "fed.sqlite"), name="fed"),
+                    rng=np.random.default_rng(3)) as f2:
+        again = f2.connect(token)
+        assert str(again.principal) == labels[0] and again.epsilon_spent == pytest.approx(spent)
+        with pytest.raises(SupportPrivacyViolation):
+            again.retrieve(q)                                                       # its budget is still spent
+        assert str(f2.connect().principal) not in labels
+
+
+def test_gate_serves_only_what_a_user_may_do(tmp_path, data, ray_local):
+    """In-cluster agents hold a FederationGate, never the service: no operator method exists on it."""
+    from fedmem.agent.federation_service import (REFUSED, RemoteMemoryClient, start_federation_gate,
+                                                 start_federation_service)
+
+    ray = ray_local
+    svc = start_federation_service(FCFG, data, tmp_path / "federation.sqlite", seed=1)
+    gate = start_federation_gate(svc)
+    try:
+        assert os.stat(tmp_path / "federation.sqlite").st_mode & 0o077 == 0          # owner only
+        for name in ("audit", "ground_truth_many", "spent_of", "close", "stats", "public_info"):
+            with pytest.raises(AttributeError):
+                getattr(gate, name)
+        info = ray.get(gate.info.remote())
+        assert "ledger_path" not in info
+        mine = RemoteMemoryClient(gate, ray.get(gate.connect.remote()))
+        other = ray.get(gate.connect.remote())
+        q = np.random.default_rng(2).normal(size=FCFG.key_dim)
+        mine.retrieve(q)
+        assert mine.epsilon_spent > 0 and len(mine.bookings()) == 1
+        assert ray.get(gate.principal_spent.remote(str(mine.principal))) == 0.0       # a label reads nothing
+        assert ray.get(gate.bookings.remote(str(mine.principal))) == []
+        for forged in (str(other), "p1", None, 12):
+            out = ray.get(gate.retrieve.remote(forged, q))
+            assert isinstance(out, tuple) and out[0] == REFUSED and isinstance(out[1], int)
+    finally:
+        ray.kill(gate, no_restart=True)
+        ray.kill(svc, no_restart=True)
+
+
+class ProbeAgent(AgentClient):
+    """A hostile agent: on ``spend()`` it runs the issue's probes from inside its own process."""
+
+    def spend(self):
+        out = super().spend()
+        out["probe"] = probe(self)
+        return out
+
+
+def _attempt(fn):
+    try:
+        v = fn()
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "error": type(exc).__name__}
+    return {"ok": True, "value": v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)[:200]}
+
+
+def probe(agent) -> dict:
+    """The attacks of issue 19, as an agent's code would try them (plain values only)."""
+    import socket
+    import sqlite3
+
+    root = Path(agent.ledger.store.path).parents[1]
+    info = json.loads((root / "probe.json").read_text())
+    out = {"uid": os.getuid(), "ray_env": sorted(k for k in os.environ if k.startswith("RAY"))}
+
+    def ray_actors():
+        import ray
+        from ray._private import state
+
+        if not ray.is_initialized():
+            raise RuntimeError("no Ray here")
+        return len(state.actors())
+
+    out["ray_actors"] = _attempt(ray_actors)
+
+    def gcs_tcp():
+        host, port = info["gcs"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=3):
+            return True
+
+    out["gcs_tcp"] = _attempt(gcs_tcp)
+
+    def raylet_socket():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(3)
+        s.connect(info["raylet_socket"])
+        s.close()
+        return True
+
+    out["raylet_socket"] = _attempt(raylet_socket)
+    out["raylet_fds"] = _attempt(lambda: len(os.listdir(f"/proc/{info['raylet_pid']}/fd")))
+    out["read_fed_ledger"] = _attempt(lambda: len(open(info["fed_path"], "rb").read(16)))
+
+    def edit_fed_ledger():
+        con = sqlite3.connect(info["fed_path"])
+        con.execute("DELETE FROM accountant_events")
+        con.commit()
+        return True
+
+    out["edit_fed_ledger"] = _attempt(edit_fed_ledger)
+    other = [u for u in info["ledgers"] if u != agent.user][0]
+    out["read_other_ledger"] = _attempt(lambda: len(open(info["ledgers"][other], "rb").read(16)))
+    out["signal_other_agent"] = _attempt(lambda: os.kill(info["pids"][other], 0))
+    fed = agent.federation
+    rpc = getattr(fed, "_rpc", None) or getattr(fed, "_service", None)
+    q = np.ones(FCFG.key_dim)
+
+    def call(name, *args):
+        if hasattr(rpc, "call"):
+            return rpc.call(name, *args)
+        import ray
+
+        return ray.get(getattr(rpc, name).remote(*args), timeout=30)
+
+    for name, args in (("audit", ()), ("ground_truth_many", (q[None],)), ("spent_of", (info["labels"][other],)),
+                       ("info", ())):
+        out[f"operator_{name}"] = _attempt(lambda name=name, args=args: call(name, *args))
+    forged = {"other_label": info["labels"][other], "guessed_next": "p3", "random": "0" * 32}
+    for k, cap in forged.items():
+        out[f"forge_{k}"] = _attempt(lambda cap=cap: call("retrieve", cap, q, None, None))
+        out[f"spent_{k}"] = _attempt(lambda cap=cap: call("spent", cap) if hasattr(rpc, "call")
+                                     else call("principal_spent", cap))
+    return out
+
+
+def _write_probe_info(sess, tmp, ray):
+    from ray._private import worker
+
+    node = worker._global_node
+    info = {"gcs": ray.get_runtime_context().gcs_address, "raylet_socket": node.raylet_socket_name,
+            "raylet_pid": next(p.process.pid for p in node.all_processes["raylet"]) if "raylet" in node.all_processes
+            else os.getpid(),
+            "fed_path": str(sess.fed_path), "ledgers": {u: str(p) for u, p in sess.ledger_paths.items()},
+            "labels": dict(sess.principals),
+            "pids": sess.agent_pids() if hasattr(sess, "agent_pids") else sess.call("pid")}
+    (tmp / "probe.json").write_text(json.dumps(info))
+    os.chmod(tmp / "probe.json", 0o644)
+
+
+def _traversable(path: Path) -> Path:
+    """Let the agents' uids traverse down to ``path`` (pytest's base temp is 0700)."""
+    path.mkdir(parents=True, exist_ok=True)
+    for p in [path, *path.parents]:
+        if p == Path("/"):
+            break
+        os.chmod(p, os.stat(p).st_mode | 0o001)
+    return path
+
+
+@pytest.fixture(scope="module")
+def codec():
+    from fedmem.agent.dpmind import load_minilm
+
+    return load_minilm()[1]
+
+
+def test_isolated_agent_reaches_nothing_but_its_rpc(tmp_path, data, codec, ray_local):
+    from fedmem.agent.session import make_world, open_session
+
+    ray = ray_local
+    out = _traversable(tmp_path / "iso")
+    worlds = make_world(2, 2, data, np.random.default_rng(1), codec=codec, context_tokens=128)
+    with open_session("isolated", worlds, FCFG, data, ACFG, out, seed=3, projectors=1, agent_cls=ProbeAgent) as s:
+        results = s.run()
+        assert not s.dead and not s.failed and all(len(r) == 2 for r in results.values())
+        assert s.enforced["own_process_outside_ray"]
+        assert s.enforced["own_uid"] == s.enforced["network_namespace"] == ROOT
+        _write_probe_info(s, out, ray)
+        checks = s.call("check", 7)
+        assert all(c == {"federation": [], "memview": [], "brace": [], "dpmind": []} for c in checks.values())
+        spend = s.call("spend")
+        audit = ray.get(s.fed.audit.remote())
+        for u, sp in spend.items():
+            admitted = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
+            assert sp["federation"]["releases"] == admitted == 2
+            p = sp["probe"]
+            assert p["ray_env"] == [] and not p["ray_actors"]["ok"]                  # no Ray in the agent
+            for k in ("operator_audit", "operator_ground_truth_many", "operator_spent_of", "operator_info",
+                      "forge_other_label", "forge_guessed_next", "forge_random"):
+                assert not p[k]["ok"], (k, p[k])
+            assert p["spent_other_label"] == {"ok": True, "value": 0.0}               # reads nothing of another
+            assert p["forge_other_label"]["error"] == "SupportPrivacyViolation"
+            if ROOT:        # OS-enforced: other uid, empty network namespace, file permissions
+                assert p["uid"] >= 200000
+                for k in ("gcs_tcp", "raylet_socket", "raylet_fds", "read_fed_ledger", "edit_fed_ledger",
+                          "read_other_ledger", "signal_other_agent"):
+                    assert not p[k]["ok"], (k, p[k])
+            assert s.reopen_ledger(u).summary() == {k: v for k, v in sp.items() if k != "probe"}
+        assert ray.get(s.fed.stats.remote())["calls"] >= 4
+        assert len(s.reopen_ledger(worlds[0].user).federation_bookings()) == 2   # the federation ledger is intact
+
+
+def test_same_probe_from_an_in_cluster_agent_sees_the_cluster(tmp_path, data, codec, ray_local):
+    """Companion: the in-cluster mode only simulates the boundary. The same probe, run from a
+    Ray actor, lists the cluster's actors (so the isolated test above could have failed)."""
+    from fedmem.agent.session import make_world, open_session
+
+    ray = ray_local
+    worlds = make_world(2, 1, data, np.random.default_rng(1), codec=codec, context_tokens=128)
+    with open_session("cluster", worlds, FCFG, data, ACFG, tmp_path, seed=3, projectors=1,
+                      agent_cls=ProbeAgent) as s:
+        s.run()
+        _write_probe_info(s, tmp_path, ray)
+        spend = s.call("spend")
+        for sp in spend.values():
+            p = sp["probe"]
+            assert p["ray_actors"]["ok"] and p["ray_actors"]["value"] >= 5                 # the whole cluster
+            assert p["gcs_tcp"]["ok"]                                                       # GCS reachable
+            # the gate still narrows the API: no operator method, forged capabilities refused
+            assert not p["operator_audit"]["ok"] and not p["forge_other_label"]["ok"]
