@@ -60,7 +60,7 @@ from fedmem.dp import Accountant
 from fedmem.errors import BudgetExceeded, FederationFault, MpcFailure
 from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
 from fedmem.federation.config import FederationConfig
-from fedmem.federation.gateway import ANONYMOUS, Decision, Gateway, refusal
+from fedmem.federation.gateway import ANONYMOUS, UNISSUED, Decision, Gateway, Principal, refusal
 from fedmem.federation.shard_host import host_actor_class, split_shards
 from fedmem.federation.sharing import decode, encode
 
@@ -373,17 +373,23 @@ class Federation:
     def connect(self, principal: str | None = None):
         """A :class:`~fedmem.federation.client.MemoryClient` with its own principal identity.
 
-        ``principal=None`` (what an agent gets): a fresh id from the federation, durable
-        and never reused. Passing an existing id re-attaches that principal (an operator
-        action, e.g. after a restart: its spend is still charged); an unknown id is refused.
+        ``principal=None`` (what an agent gets): a fresh :class:`~fedmem.federation.gateway.Principal`
+        (random public label + secret capability token, durable, never reused). Passing an
+        issued capability (the ``Principal`` or its token) re-attaches that principal (e.g.
+        after a restart: its spend is still charged); anything else — a label, a guessed or
+        forged id — is refused (the message does not say whether the label exists).
         """
         from fedmem.federation.client import MemoryClient
 
         if principal is None:
             principal = self.gateway.new_principal()
-        elif not isinstance(principal, str) or not self.gateway.known_principal(principal):
-            raise ValueError(f"principal must be an id this federation issued (connect() without one issues a "
-                             f"new id). Found {principal!r}.")
+        else:
+            label = self.gateway.resolve(principal)
+            if label is None:
+                raise ValueError("principal must be an id this federation issued, i.e. its capability (connect() "
+                                 "without one issues a new one). Found an unissued value.")
+            token = principal.capability if isinstance(principal, Principal) else principal
+            principal = Principal(label, token)
         return MemoryClient(self, principal=principal)
 
     def retrieve_many(self, qs, families=None, retry_of=None, *, principal=None) -> list:
@@ -402,10 +408,10 @@ class Federation:
             raise FederationFault("federation is closed.")
         q = self._queries(qs)
         B = q.shape[0]
-        if isinstance(principal, (list, tuple)):   # operator/audit API: one principal per query
-            pids = [ANONYMOUS if p is None else str(p) for p in principal]
-        else:
-            pids = [ANONYMOUS if principal is None else str(principal)] * B
+        # a principal is a capability (issue 19): anything the gateway did not issue is booked as
+        # "unissued" and refused uniformly below; None is the in-process operator's own queries
+        plist = list(principal) if isinstance(principal, (list, tuple)) else [principal] * B
+        pids = [ANONYMOUS if p is None else (self.gateway.resolve(p) or UNISSUED) for p in plist]
         fams = [None] * B if families is None else list(families)
         retries = [None] * B if retry_of is None else list(retry_of)
         if len(fams) != B or len(retries) != B or len(pids) != B:
