@@ -251,6 +251,6 @@ def test_agents_that_cannot_all_be_placed_are_refused_at_load():
 
     path = Path(__file__).resolve().parents[1] / "scenarios" / "agents_session.toml"
     with pytest.raises(ScenarioError) as info:
-        load_scenario(path, ["agents.actor_cpus=0.5"])           # 100 x 0.5 CPUs on this machine
+        load_scenario(path, ["agents.mode=cluster", "agents.actor_cpus=0.5"])   # 100 x 0.5 Ray CPUs here
     assert "agents.actor_cpus" in str(info.value)
     load_scenario(path, [])                                        # the shipped file fits

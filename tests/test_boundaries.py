@@ -302,3 +302,26 @@ def test_same_probe_from_an_in_cluster_agent_sees_the_cluster(tmp_path, data, co
             assert p["gcs_tcp"]["ok"]                                                       # GCS reachable
             # the gate still narrows the API: no operator method, forged capabilities refused
             assert not p["operator_audit"]["ok"] and not p["forge_other_label"]["ok"]
+
+
+def test_what_an_agent_sends_is_never_unpickled_freely():
+    """The session decodes an agent's frames with an allow-list: a pickle that would run
+    code (``os.system``) is refused; the results it must carry (StepResult, arrays) pass."""
+    import pickle
+
+    from fedmem.agent.client import StepResult
+    from fedmem.agent.isolated import _dumps, _loads_untrusted
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    for bad in (Evil(), Principal("p-00", "secret"), np.random.default_rng(0)):
+        with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+            _loads_untrusted(pickle.dumps(bad))
+    r = StepResult(task=1, federation={"query_id": 3, "value": np.arange(3.0), "event": {"k": 1.0}, "channels": ("value",)},
+                   federation_refused=False, brace=np.ones(2), memview_views=(("s", "v", False),), app_text="t",
+                   dpmind_transcript=[{"role": "user", "content": "x"}], dpmind_tokens=5, answer="a", dp_answer="b",
+                   correct=True)
+    back = _loads_untrusted(_dumps((r, np.float64(0.5), {"x": np.int64(2)})))
+    assert back[0].task == 1 and np.array_equal(back[0].federation["value"], np.arange(3.0)) and back[1] == 0.5
