@@ -12,9 +12,15 @@ shards, queries and membership candidate:
   app author writes sees ``aggregate_fit``'s arguments): reply set, ``num_examples``.
 * **Flower + fedmem**, one deployment per entry of ``federation.dp``: the same with
   :class:`~fedmem.flower.gateway.SupportGatewayStrategy` outside Flower's DP wrapper
-  (``"flower"``) or with fedmem's own noise (``"fedmem"``), and the fedmem client
-  contract. Two adversaries: the querying agent (sees what the gateway returns) and the
-  server strategy *inside* the gateway (reply set and ``num_examples``, now constant).
+  (``"flower"``) or with fedmem's own release (``"fedmem"``: the gateway noises the sum
+  with the secure sampler and hands the wrapped strategy only the noised mean), and the
+  fedmem client contract. Three observers: the querying agent (what the gateway returns),
+  the wrapped strategy (what its ``aggregate_fit`` receives) and the server strategy
+  *inside* the gateway (reply set and ``num_examples``, now constant). ``"flower"`` is a
+  comparison, not a defended deployment: Flower's noise is numpy's float sampler (labelled
+  "not DP (float sampler)") and its inner strategy sees the exact aggregate.
+
+Every row is judged by the one verdict rule, :func:`fedmem.attacks.verdict.judge`.
 * **the Ray engine** (``[ray_engine]``, :mod:`fedmem.flower.ray_engine`): fedmem's own
   Ray + CrypTen :class:`~fedmem.federation.Federation`, threshold selection, undefended
   (exact receipts, gateway off) and defended (noised receipts, gateway on), in this process.
@@ -271,8 +277,8 @@ def _ledger_check(run_out, delta) -> dict:
 
 
 def run(cfg, ctx) -> Result:
-    from fedmem.attacks.observable import verdict
     from fedmem.attacks.support import cardinality_from_count, membership_report, reconstruction_report
+    from fedmem.attacks.verdict import judge, sampler_label, worst
     from fedmem.bench.shards import sample_queries
     from fedmem.flower.apps import build_world, world_spec
     from fedmem.flower.fixedpoint import SecAggGrid
@@ -326,28 +332,40 @@ def run(cfg, ctx) -> Result:
 
     defended_rows: list[bool] = []
 
-    def add_row(engine, observer, est, pos, neg, booked, defended, exact_channel=False, extra=None):
+    verdicts: list = []
+
+    def add_row(engine, observer, est, pos, neg, booked, defended, sampling=None, extra=None):
+        # One verdict rule (fedmem.attacks.verdict.judge) against what this observer's release booked
+        # (eps per round at delta; nothing booked = 0). A float-sampler release is labelled not DP.
         defended_rows.append(defended)
         rec_rep = reconstruction_report(est, truths, a.tolerance, a.alpha)
         mem = membership_report(pos, neg, delta=f.delta, rng=mrng, epsilon_claim=booked if booked > 0 else math.inf,
                                 alpha=a.alpha)
-        v = verdict(mem.eps_lower, booked, mem.ceiling_violations)
-        if exact_channel and not v.startswith("LEAKS"):
-            v = "LEAKS BEYOND BOOKED (exact support channel, unbooked)"
+        v = judge(pos, neg, booked, f.delta if booked > 0 else 0.0, alpha=a.alpha,
+                  rng=np.random.default_rng(mrng.integers(2 ** 31)))
+        verdicts.append(v)
+        float_label = sampler_label(sampling) if sampling is not None else None
+        text = v.text + (f"; {float_label}" if float_label else "")
         rows.append([engine, observer, f"{rec_rep.rate:.0%} [{rec_rep.ci[0]:.0%}, {rec_rep.ci[1]:.0%}]",
                      f"{rec_rep.chance_rate:.0%}", f"{mem.auc:.3f} [{mem.auc_ci[0]:.3f}, {mem.auc_ci[1]:.3f}]",
-                     f"{mem.tpr_at_1:.3f}", f"{mem.eps_lower:.2f}",
-                     f"{booked:.2f}" if booked > 0 else "nothing booked", v])
+                     f"{mem.tpr_at_1:.3f}", f"{v.eps_lower:.2f} (power {v.power:.2f})",
+                     f"{booked:.2f}" if booked > 0 else "nothing booked", text])
         metrics.setdefault("rows", {})[f"{engine} | {observer}"] = {
-            "reconstruction": rec_rep.as_dict(), "membership": mem.as_dict(), "verdict": v,
-            "booked_eps_per_round": booked, **(extra or {})}
+            "reconstruction": rec_rep.as_dict(), "membership": mem.as_dict(), "verdict": v.as_dict(),
+            "verdict_text": text, "sampling": sampling, "booked_eps_per_round": booked, **(extra or {})}
 
     for key, recs in ((k, r["records"]) for k, r in runs.items()):
         gw = runs[key]["gateway"]
         booked = gw["epsilon_per_round"] if gw else 0.0
+        inner_views = runs[key].get("aggregates", {})
         observers = [("server", "server strategy: reply set, num_examples")]
         if gw:
             observers.insert(0, ("agent", "querying agent: released aggregate"))
+            observers.insert(1, ("inner", "wrapped strategy: what its aggregate_fit receives"))
+        # dp="flower": Flower's DP wrapper noises with numpy's float sampler, after its inner strategy
+        # aggregated the exact replies: not a defended deployment (shown for comparison).
+        defended = gw is not None and key != "gateway-flower"
+        sampling = gw.get("sampling") if gw else None
         engine = ("Flower (SecAgg+, Flower DP wrapper), stock" if key == "stock" else
                   f"Flower + fedmem gateway (dp={key.split('-', 1)[1]!r})")
         for who, obs_label in observers:
@@ -358,7 +376,7 @@ def run(cfg, ctx) -> Result:
                     card = float(np.count_nonzero(ne > 0)) if rec.get("replied") else math.nan
                     score = float(ne.sum())
                 else:
-                    out = rec.get("output")
+                    out = rec.get("output") if who == "agent" else inner_views.get(rec["round"])
                     if out is None:
                         card, score = math.nan, -1e9
                     else:
@@ -370,8 +388,10 @@ def run(cfg, ctx) -> Result:
                     est.append(card)
                 else:
                     (pos if r["world"] == 1 else neg).append(score)
-            add_row(engine, obs_label, est, pos, neg, booked, gw is not None,
-                    extra={"answered": answered if who == "agent" else None})
+            add_row(engine, obs_label, est, pos, neg, booked,
+                    defended if who != "server" else gw is not None,
+                    sampling=sampling if who == "agent" else None,
+                    extra={"answered": answered if who != "server" else None})
 
     if ray_out is not None:
         from fedmem.flower.ray_engine import config_summary, federation_config
@@ -379,13 +399,12 @@ def run(cfg, ctx) -> Result:
         for variant in ("undefended", "defended"):
             x = ray_out[variant]
             config = federation_config(f, cfg.ray_engine, variant)
-            exact = variant == "undefended"    # exact receipts leave with gateway = false (unbooked channel)
             booked = float(max(x["booked"])) if x["booked"] else 0.0
             metrics.setdefault("ray_engine_configs", {})[variant] = config_summary(config)
             label = ("Ray engine, undefended (exact receipts, gateway off)" if variant == "undefended" else
                      f"Ray engine, defended (noised receipts sigma {cfg.ray_engine.receipt_sigma:g}, gateway on)")
             add_row(label, "querying agent: Response (value, receipts)",
-                    x["estimates"], x["pos"], x["neg"], booked, variant == "defended", exact_channel=exact,
+                    x["estimates"], x["pos"], x["neg"], booked, variant == "defended",
                     extra={"truth_mismatches_vs_flower": int(sum(t1 != t2 for t1, t2 in zip(x["truths"], truths))),
                            "refused": x["refused"], "wall_s": x["wall_s"]})
 
@@ -407,14 +426,9 @@ def run(cfg, ctx) -> Result:
                                         for d in ("admitted", "refused", "fault")}
                                     for k, r in runs.items() if r["gateway"]}
     metrics["gateway_spent_eps"] = {k: r["gateway"]["spent"] for k, r in runs.items() if r["gateway"]}
-    def worst(flag):
-        vs = [r[-1] for r, d in zip(rows, defended_rows) if d == flag]
-        return "LEAKS BEYOND BOOKED" if any(v.startswith("LEAKS") for v in vs) else "within booked"
-
-    overall = worst(False)
-    defended_ok = worst(True) == "within booked"
+    overall = worst([v for v, d in zip(verdicts, defended_rows) if not d])
     metrics["verdict_undefended"] = overall
-    metrics["verdict_defended"] = "within booked" if defended_ok else "LEAKS BEYOND BOOKED"
+    metrics["verdict_defended"] = worst([v for v, d in zip(verdicts, defended_rows) if d])
     ledgers = {k: v.get("ledger", {}).get("consistent") for k, v in faults.items() if "ledger" in v}
     tables = [
         Table("Stock Flower vs Flower + fedmem gateway vs the Ray engine (same shards, queries and candidate)",
@@ -456,6 +470,10 @@ def _explain(f) -> str:
         "fails closed on any fault. The server process still sees the exact SecAgg+ sum before central noise "
         "is added (Flower 1.42 has no distributed noise for SecAgg+), so the server is trusted for the value; "
         f"the querying agent sees only the noised release (dp = {list(f.dp)!r}). "
+        "The wrapped strategy inside the gateway sees, with dp = 'fedmem', only the gateway's one noised mean "
+        "(the gateway noises the sum itself with the secure sampler: the wrapped strategy is post-processing); "
+        "with dp = 'flower', Flower's DP wrapper adds its float noise after its inner strategy aggregated the "
+        "exact replies, so that strategy sees the exact aggregate (a comparison, not a defended deployment). "
         "Ray engine: the querying agent reads `Response` (noised value, receipts as the policy releases them); "
         "undefended = exact receipts with the gateway off (the value is booked, the receipts are not), "
         "defended = Gaussian-noised receipts booked with the value, gateway on. Its compute parties see only "
