@@ -60,6 +60,7 @@ def _party(rank: int, port: int, results) -> None:
         results.put((rank, "error", repr(exc), None, None))
 
 
+@pytest.mark.slow   # two spawned interpreters importing torch and CrypTen
 def test_two_party_dot_product_and_comparison_over_gloo():
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 MARK = "MULTINODE-RESULT "
 
 
@@ -151,9 +153,8 @@ def _scenario() -> dict:
     return out
 
 
+@pytest.mark.slow   # its own 3-node cluster in a subprocess
 def test_multinode_cluster_places_apart_matches_plaintext_and_fails_closed():
-    import pytest
-
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "0"
     try:
