@@ -351,23 +351,30 @@ def ceiling_check(res: dict, eps: float, alpha: float, n_boot: int, rng, auditor
     tpr_ceiling = 1.0 if math.isinf(eps) else float(dp_roc_ceiling(fpr_target, eps))
     auc_ceiling = _auc_ceiling(eps)
     violated = (lo > tpr_ceiling + 1e-12) or (alo > auc_ceiling + 1e-12)
+    from fedmem.attacks.verdict import judge
+
+    v = judge(pos, neg, eps)        # the one verdict rule of every report (pure eps: delta 0)
     return {"epsilon": eps, "tpr5": tpr, "tpr5_ci": (lo, hi), "tpr5_ceiling": tpr_ceiling, "auc": auc,
             "auc_ci": (alo, ahi), "auc_ceiling": auc_ceiling, "violated": bool(violated),
-            "point_above": bool(tpr > tpr_ceiling or auc > auc_ceiling), "n_pos": len(pos), "n_neg": len(neg)}
+            "point_above": bool(tpr > tpr_ceiling or auc > auc_ceiling), "n_pos": len(pos), "n_neg": len(neg),
+            "eps_lower": v.eps_lower, "eps_booked": v.eps_booked, "power": v.power, "label": v.label,
+            "verdict": v.text}
 
 
 def _ceiling_table(checks: dict, alpha: float) -> Table:
     rows = []
     for name, c in checks.items():
-        verdict = "VIOLATION (bug)" if c["violated"] else ("point above, CI ok" if c["point_above"] else "ok")
+        check = "VIOLATION (bug)" if c["violated"] else ("point above, CI ok" if c["point_above"] else "ok")
         rows.append([name, c["epsilon"], c["tpr5"], f"[{c['tpr5_ci'][0]:.3f}, {c['tpr5_ci'][1]:.3f}]",
                      c["tpr5_ceiling"], c["auc"], f"[{c['auc_ci'][0]:.3f}, {c['auc_ci'][1]:.3f}]",
-                     c["auc_ceiling"], verdict])
+                     c["auc_ceiling"], check, c.get("verdict", "-")])
     return Table("DP ceiling check (pooled test transcripts, all seeds and attributes)",
                  ["method", "epsilon", "TPR@5%FPR", f"{1 - alpha:.0%} CI", "ceiling", "AUC", f"{1 - alpha:.0%} CI",
-                  "AUC ceiling", "verdict"], rows,
+                  "AUC ceiling", "ceiling check", "verdict"], rows,
                  note="Pure eps-DP bounds every test: TPR <= min(e^eps FPR, 1 - e^-eps (1 - FPR)). A lower "
-                      "confidence bound above the ceiling fails the run.")
+                      "confidence bound above the ceiling fails the run. Verdict: the one rule of every report "
+                      "(fedmem.attacks.verdict.judge: LEAK / within booked / no leak seen with the test's power; "
+                      "epsilon inf: the method claims nothing).")
 
 
 def _metrics(r: dict) -> dict:
