@@ -179,17 +179,29 @@ def _on_signal(signum, frame):
     raise RunInterrupted(signal.Signals(signum).name)
 
 
-def guard_signals() -> None:
+def guard_signals() -> dict | None:
     """(Re)install fedmem's SIGINT/SIGTERM handlers: they raise :class:`RunInterrupted`, so the run
     folder is written. Ray installs absl's failure handler (which prints a raw stack dump on SIGTERM)
-    when it starts; the run context calls this again at every phase and progress bar. Main thread only."""
+    when it starts; the run context calls this again at every phase and progress bar. Main thread
+    only. Returns the handlers it replaced (for :func:`restore_signals`)."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
+        return None
+    return {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def restore_signals(previous: dict | None) -> None:
+    """Put back the handlers :func:`guard_signals` replaced (a run in a longer-lived process, e.g. a
+    test or a notebook, leaves the process's signal handling as it found it)."""
+    import signal
+    import threading
+
+    if not previous or threading.current_thread() is not threading.main_thread():
         return
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    for sig, handler in previous.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def check_out_dir(out_dir: Path, resume: bool) -> None:
@@ -291,8 +303,7 @@ def run_loaded(scenario, out=None, as_json=False, ray_address=None, show_progres
     SIGINT/SIGTERM write the folder with status "interrupted" and raise :class:`RunInterrupted`;
     a run that fails before its first booking removes what it created in a new/empty folder.
     """
-    from fedmem.report import (RunContext, count_bookings, read_manifest, resolved_text, write_manifest,
-                               write_run)
+    from fedmem.report import RunContext, resolved_text, write_manifest
 
     if out:
         out_dir = Path(out)
@@ -315,7 +326,16 @@ def run_loaded(scenario, out=None, as_json=False, ray_address=None, show_progres
                     started=time.strftime("%Y-%m-%dT%H:%M:%S"), argv=list(sys.argv if argv is None else argv),
                     runs=int(manifest.get("runs", 0)) + 1, phases=dict(phases or {}))
     write_manifest(out_dir, manifest)
-    guard_signals()
+    previous = guard_signals()
+    try:
+        return _run_guarded(scenario, ctx, out_dir, existed, empty_before, old_manifest, argv)
+    finally:
+        restore_signals(previous)
+
+
+def _run_guarded(scenario, ctx, out_dir, existed, empty_before, old_manifest, argv):
+    from fedmem.report import count_bookings, write_manifest, write_run
+
     t0 = time.perf_counter()
     try:
         result = scenario.experiment.run(scenario.config, ctx)

@@ -27,6 +27,7 @@ import numpy as np
 
 # Okabe-Ito: blue, orange, bluish green, vermillion, reddish purple, sky blue, yellow, black.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+SERIES = PALETTE[:7]  # data series; black is reserved for reference lines (DP ceiling)
 CEILING_COLOUR = "#000000"
 CHANCE_COLOUR = "#999999"
 LOW_FPRS = (0.001, 0.01)  # TPR@0.1% and TPR@1% are marked on every ROC curve
@@ -102,9 +103,10 @@ def roc_figure(ctx, curves: Mapping[str, tuple[Sequence[float], Sequence[float]]
         score_rows += [(label, 1, float(v)) for v in pos] + [(label, 0, float(v)) for v in neg]
         lo = 0.5 / neg.size                       # an FPR of 0 is drawn at half the smallest non-zero FPR
         floor = min(floor, lo)
-        c = colour(i)
+        c = SERIES[i % len(SERIES)]                 # black is kept for the DP ceiling
+        ls = ("-", "-.", ":")[(i // len(SERIES)) % 3]
         marks = [tpr_at(fpr, tpr, x) for x in LOW_FPRS]
-        ax.step(np.maximum(fpr, lo), np.maximum(tpr, lo), where="post", color=c,
+        ax.step(np.maximum(fpr, lo), np.maximum(tpr, lo), where="post", color=c, ls=ls,
                 label=f"{label}: AUC {audit.roc_auc(pos, neg):.2f}, TPR@0.1% {marks[0]:.3f}, TPR@1% {marks[1]:.3f}")
         ax.plot([max(x, lo) for x in LOW_FPRS], [max(m, lo) for m in marks], ls="none", marker="o", ms=4,
                 color=c, markeredgecolor="white", markeredgewidth=0.5)
@@ -126,7 +128,7 @@ def roc_figure(ctx, curves: Mapping[str, tuple[Sequence[float], Sequence[float]]
     ax.set_xlabel("false positive rate (log)")
     ax.set_ylabel("true positive rate (log)")
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=7)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), fontsize=7)   # below the axes: never on a curve
     _write_csv(ctx, f"{name}_points.csv", ["series", "fpr", "tpr"], points_rows,
                f"raw ROC points of {name}.png (every threshold; series, fpr, tpr)")
     _write_csv(ctx, f"{name}_scores.csv", ["series", "member", "score"], score_rows,

@@ -830,6 +830,7 @@ def compare_runs(run_dirs: Sequence[Path], *, all_metrics: bool = False, limit: 
     keys = []
     for flat in metr:
         keys += [k for k in flat if k not in keys]
+    keys = [k for k in keys if f"attacks.{k}" not in keys]   # metrics[name] mirrors metrics["attacks"][name]
     verdicts = [k for k in keys if k.endswith("verdict") and k != "verdict"]
     rest = [k for k in keys if k not in verdicts and k != "verdict"]
 
@@ -847,8 +848,15 @@ def compare_runs(run_dirs: Sequence[Path], *, all_metrics: bool = False, limit: 
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals if v is not None) and \
                 sum(v is not None for v in vals) >= 1 and any(v is not None for v in vals):
             numeric[k] = vals
-    # the figure: metrics that differ between runs first (wall time last)
-    order = [k for k in numeric if k != "wall_s" and differs(k)] + [k for k in numeric if k != "wall_s"
-                                                                   and not differs(k)] + ["wall_s"]
-    numeric = {k: numeric[k] for k in order if k in numeric}
+    # the figure: headline metrics (epsilon, AUC, rates, errors) shared by most runs and differing
+    # between them first; bookkeeping (phase times, budgets) last, wall time at the end
+    words = ("eps", "auc", "tpr", "rate", "mse", "rmse", "spent", "released", "refused", "error", "subem", "f1")
+
+    def rank(k):
+        present = sum(v is not None for v in numeric[k])
+        book = k.startswith(("phase_seconds.", "budgets.")) or k == "wall_s"
+        return (book, -present, not any(w in k.lower() for w in words), not differs(k), keys.index(k)
+                if k in keys else len(keys))
+
+    numeric = {k: numeric[k] for k in sorted(numeric, key=rank)}
     return {"runs": labels, "rows": rows, "numeric": numeric, "omitted": len(rest) - len(shown)}

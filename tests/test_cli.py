@@ -264,9 +264,17 @@ def test_debug_shows_the_original_exception(monkeypatch, tmp_path):
 def test_interrupt_exits_130(monkeypatch, capsys, tmp_path):
     from fedmem import cli
 
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     _fake_demo(monkeypatch, _raise(KeyboardInterrupt()))
     assert cli.main(["run", str(DEMO), "--out", str(tmp_path / "o")]) == 130
-    assert capsys.readouterr().err == "fedmem: interrupted\n"
+    err = capsys.readouterr().err
+    assert err.startswith("fedmem: interrupted (SIGINT); run folder") and err.count("\n") == 1
+    assert f"fedmem run {DEMO} --out {tmp_path / 'o'} --resume" in err
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["status"] == "interrupted"
+    # the handlers of the process are as they were before the run (tests, notebooks)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
 # ------------------------------------------------------------------ tables at 80 columns
@@ -543,3 +551,12 @@ def test_compare_puts_runs_side_by_side(demo_runs, tmp_path):
     assert rows["status"] == ["complete", "complete"] and rows["released"] == [13, 13]
     bad = fedmem_cli("compare", a, tmp_path)
     assert bad.returncode == 2 and "no results.json" in bad.stderr
+
+
+def test_readme_documentation_table_lists_every_docs_page():
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("## Documentation", 1)[1]
+    for page in sorted((REPO / "docs").glob("*.md")):
+        assert f"`docs/{page.name}`" in table, page.name
+    for command in ("fedmem validate", "fedmem compare", "fedmem run support_leak_40", "fedmem show dp_demo"):
+        assert command in readme, command

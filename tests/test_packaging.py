@@ -56,6 +56,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_contains_every_scenario_and_py_typed(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "fedmem/py.typed" in names
+    assert "fedmem/schemas/results.schema.json" in names       # results.json's schema ships with the package
     packaged = sorted(n.split("/")[-1] for n in names if n.startswith("fedmem/_scenarios/"))
     assert packaged == SCENARIOS and len(SCENARIOS) > 0
     # Byte-identical to the source of truth, and nothing from the build step leaks in.
@@ -80,4 +81,23 @@ def test_fedmem_list_works_from_the_unpacked_wheel(wheel, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert str(site / "fedmem" / "_scenarios") in res.stdout
     for name in SCENARIOS:
-        assert name in res.stdout
+        assert name.removesuffix(".toml") in res.stdout
+
+
+def test_bundled_scenarios_by_name_from_the_unpacked_wheel(wheel, tmp_path):
+    """`fedmem validate dp_demo` / `fedmem show dp_demo` find the scenario inside the installed package
+    from a folder that has no scenarios/ (running it is covered by tests/test_cli.py)."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    code = ("import sys, fedmem.cli as c; "
+            "rc = c.main(['validate', 'dp_demo', 'support_leak_40.toml']); "
+            "rc = rc or c.main(['show', 'dp_demo']); "
+            "from fedmem.report import results_schema; assert results_schema()['title']; sys.exit(rc)")
+    env = dict(os.environ, PYTHONPATH=str(site), COLUMNS="200")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=elsewhere, env=env,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "ok      dp_demo (dp.demo" in res.stdout
+    assert str(site / "fedmem" / "_scenarios" / "dp_demo.toml") in res.stdout

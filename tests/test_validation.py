@@ -282,3 +282,35 @@ def test_brace_params_and_scenario_reject_alike(name, value):
     with pytest.raises(ScenarioError) as sc:
         load_scenario(path, [f"mechanism.{name}={value!r}"])
     assert f"mechanism.{name}: {msg[len(name) + 1:]}" in str(sc.value)
+
+
+# ------------------------------------------------------------------ scenario values that overflow later, sizes that cannot fit
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+@pytest.mark.parametrize("scenario, override, key", [
+    ("dp_demo.toml", "data.clip=1e308", "data.clip"),
+    ("dp_demo.toml", "release.budget_epsilon=1e300", "release.budget_epsilon"),
+    ("support_leak_40.toml", "federation.clip=1e200", "federation.clip"),
+    ("support_leak_40.toml", "federation.shards=1000000000", "federation.shards"),
+    ("support_leak_40.toml", "federation.records_per_shard=1000000000", "federation.records_per_shard"),
+    ("support_leak_40.toml", "attack.queries=1000000000000", "attack.queries"),
+])
+def test_scenario_values_that_cannot_run_are_named_by_key(scenario, override, key):
+    from fedmem.errors import ScenarioError
+    from fedmem.scenario import load_scenario
+
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(SCENARIOS / scenario, [override])
+    locs = [loc for loc, _ in info.value.problems]
+    assert len(locs) == 1 and locs[0].endswith(f": {key}"), info.value.problems
+    msg = info.value.problems[0][1]
+    assert "inf" not in msg.replace("inf where", "")          # real sizes, never inf
+
+
+def test_infinite_budgets_and_normal_sizes_still_load():
+    from fedmem.scenario import load_scenario
+
+    sc = load_scenario(SCENARIOS / "support_leak_40.toml", ["federation.epsilon_budget=inf",
+                                                            "federation.shards=10000"])
+    assert sc.config.federation.epsilon_budget == INF and sc.config.federation.shards == 10000
