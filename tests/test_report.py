@@ -243,3 +243,125 @@ def test_resumed_folder_marks_files_this_run_did_not_write(tmp_path):
     assert "- `old_plot.png`: plot (left from an earlier run in this folder; not written by this run)" in report
     assert "- `results.json`: machine-readable results" in report and "resumed:" in report
     assert payload["provenance"]["resumed"] is True
+
+
+# ------------------------------------------------------------------ phases: an interrupted run resumes after them
+def test_completed_phases_are_restored_not_rerun(tmp_path):
+    ctx = RunContext(tmp_path, 0, show_progress=False, quiet=True)
+    metrics, tables, rows = {"phase_seconds": {}}, [], []
+    phases = metrics["phase_seconds"]
+    assert ctx.resume_phase("one", metrics, tables, rows) is False
+    metrics["auc"] = 0.75
+    metrics["eps"] = float("inf")
+    phases["one"] = 1.5
+    tables.append(Table("t", ["a"], [[np.float64(0.5)]]))
+    rows.append(["x", float("inf")])
+    ctx.save_figure(_figure(True), "curve")
+    ctx.phase_done("one", metrics, tables, rows)
+    saved = R.read_manifest(tmp_path)
+    assert saved["phases_completed"] == ["one"]
+    again = RunContext(tmp_path, 0, show_progress=False, quiet=True, resumed=True, phases=saved["phases"])
+    m2, t2, r2 = {"phase_seconds": {}}, [], []
+    alias = m2["phase_seconds"]
+    assert again.resume_phase("one", m2, t2, r2) is True
+    assert m2["auc"] == 0.75 and m2["eps"] == float("inf") and alias == {"one": 1.5}   # merged in place
+    assert t2[0].rows == [[0.5]] and isinstance(t2[0], Table) and r2 == [["x", float("inf")]]
+    assert [p.name for p in again.figures] == ["curve.png"] and again.phases_restored == ["one"]
+    assert again.resume_phase("two", m2, t2, r2) is False        # a phase never completed runs
+    with pytest.raises(ValueError, match="without resume_phase"):
+        again.phase_done("three", m2)
+
+
+def test_ledger_summary_separates_this_run_from_the_total(tmp_path):
+    from fedmem.dp import Accountant, AttributeLedger, DurableStore, GaussianMechanism
+
+    ev = GaussianMechanism.calibrate(1.0, 1e-6, 1.0).event()
+    store = DurableStore(tmp_path / "ledger.sqlite")
+    acc = Accountant("rdp", store=store, name="main")
+    led = AttributeLedger({"a": 5.0}, store=store, name="views")
+    for _ in range(3):
+        acc.book(ev)
+    led.try_charge(["a"], 0.5)
+    marks = R.ledger_marks(tmp_path)                      # a second run starts here
+    acc.book(ev)
+    led.try_charge(["a"], 0.25)
+    rows = {r["name"]: r for r in R.ledger_summary(tmp_path, marks, delta=1e-6)}
+    main = rows["main"]
+    assert (main["bookings_this_run"], main["bookings_total"]) == (1, 4)
+    one = Accountant("rdp", name="one")
+    one.book(ev)
+    assert main["epsilon_this_run"] == pytest.approx(one.spent(1e-6))
+    assert main["epsilon_total"] == pytest.approx(acc.spent(1e-6)) and main["epsilon_total"] > main["epsilon_this_run"]
+    views = rows["views"]
+    assert (views["bookings_this_run"], views["bookings_total"]) == (1, 2)
+    assert views["epsilon_this_run"] == 0.25 and views["epsilon_total"] == 0.75
+    assert R.count_bookings(tmp_path, marks) == 2 and R.count_bookings(tmp_path) == 6
+
+
+# ------------------------------------------------------------------ figures for papers
+def test_every_figure_is_saved_as_pdf_and_300_dpi_png(tmp_path):
+    import matplotlib.image as mpimg
+
+    ctx = RunContext(tmp_path, 0, show_progress=False, quiet=True)
+    fig = _figure(True)
+    w, h = fig.get_size_inches()
+    ctx.save_figure(fig, "curve")
+    assert (tmp_path / "curve.pdf").read_bytes()[:4] == b"%PDF"
+    img = mpimg.imread(tmp_path / "curve.png")
+    assert img.shape[1] >= 0.8 * 300 * w and img.shape[1] <= 1.2 * 300 * w    # 300 dpi (tight bbox trims a bit)
+    assert "curve.pdf" in ctx.file_notes
+
+
+def test_roc_figure_is_log_log_with_low_fpr_marks_ceiling_and_raw_csv(tmp_path, monkeypatch):
+    import csv
+
+    from fedmem import figures as F
+
+    ctx = RunContext(tmp_path, 0, show_progress=False, quiet=True)
+    seen = {}
+    real = ctx.save_figure
+
+    def spy(fig, name, caption=""):
+        ax = fig.axes[0]
+        seen.update(x=ax.get_xscale(), y=ax.get_yscale(), labels=[ln.get_label() for ln in ax.lines],
+                    colours={ln.get_color() for ln in ax.lines if ln.get_label().startswith(("a:", "b:"))})
+        return real(fig, name, caption)
+
+    monkeypatch.setattr(ctx, "save_figure", spy)
+    g = np.random.default_rng(1)
+    curves = {"a": (g.normal(1, 1, 500), g.normal(0, 1, 500)), "b": (g.normal(0.2, 1, 500), g.normal(0, 1, 500))}
+    path = F.roc_figure(ctx, curves, "roc", epsilon=1.0, delta=1e-5)
+    assert path.name == "roc.png" and (tmp_path / "roc.pdf").is_file()
+    assert seen["x"] == "log" and seen["y"] == "log"
+    assert any("DP ceiling" in lab and "eps=1" in lab for lab in seen["labels"])
+    assert all("TPR@0.1%" in lab and "TPR@1%" in lab for lab in seen["labels"] if lab.startswith(("a:", "b:")))
+    assert len(seen["colours"]) == 2 and seen["colours"] <= {c.lower() for c in F.PALETTE} | set(F.PALETTE)
+    with open(tmp_path / "roc_points.csv") as fh:
+        pts = list(csv.DictReader(fh))
+    with open(tmp_path / "roc_scores.csv") as fh:
+        scores = list(csv.DictReader(fh))
+    assert {p["series"] for p in pts} == {"a", "b"} and len(scores) == 2000
+    fpr, tpr = F.roc_points(*curves["a"])
+    assert F.tpr_at(fpr, tpr, 0.01) == R_tpr(curves["a"], 0.01)
+    assert "roc_points.csv" in ctx.file_notes and "roc_scores.csv" in ctx.file_notes
+
+
+def R_tpr(curve, fpr):
+    from fedmem.attacks import audit
+
+    return audit.tpr_at_fpr(curve[0], curve[1], fpr)
+
+
+def test_grouped_bars_keep_long_labels_apart(tmp_path):
+    from fedmem import figures as F
+
+    plt = F.pyplot()
+    names = ["differencing", "noise_scale", "refusal_content", "admission_oracle", "timing", "retry_averaging",
+             "near_duplicate"]
+    fig, ax = plt.subplots(figsize=(6, 0.55 * len(names) + 1.4))
+    F.grouped_barh(ax, names, {"booked": [1.0] * 7, "empirical": [0.2, float("inf"), 0.1, 0.0, 0.3, 0.4, 0.5]})
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.get_yticklabels()]
+    assert len(boxes) == len(names)
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    plt.close(fig)
