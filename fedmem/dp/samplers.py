@@ -53,7 +53,10 @@ would not fit in int64 (the Gaussian acceptance on a very fine explicit grid, ``
 events of probability below 2**-64) continues on exact Python integers, so the output
 law is exactly the discrete Laplace / Gaussian, never an approximation; the tests
 compare it with the CKS pmf and with the original one-draw-at-a-time Python sampler
-(``engine="python"``, kept as the reference). ``scripts/bench_dp.py`` measures the speed
+(``engine="python"``, kept as the reference). Repeated releases at one scale from one
+generator take their noise from a per-generator pool drawn ahead (:class:`_NoisePool`:
+each draw used once, in order; a generator's replayed ``bit_generator.state`` therefore
+does not replay pooled noise). ``scripts/bench_dp.py`` measures the speed
 of ``fast``, the Python reference and the vectorised sampler side by side.
 """
 
