@@ -90,6 +90,8 @@ def main(argv=None):
     ap.add_argument("--naive-repeats", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", default=None, help="write the headline numbers here")
+    ap.add_argument("--seal-micro", action="store_true",
+                    help="only time seal_packet / PartyKey.open on one host's packet (B = 1 and --batch), both AEADs")
     ap.add_argument("--fit-impl", action="store_true",
                     help="only measure rank/grouped/merge protocol time at several B in the engine's configuration "
                          "and fit the cost model of mpc.networks.choose_impl")
@@ -97,6 +99,8 @@ def main(argv=None):
                     help="cProfile the driver over the CrypTen-engine batch calls; write pstats here")
     a = ap.parse_args(argv)
 
+    if a.seal_micro:
+        return seal_micro(a)
     from fedmem._ray import ensure_ray
 
     import ray
@@ -200,6 +204,37 @@ def main(argv=None):
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return out
+
+
+def seal_micro(a):
+    """Seal and open one host's packet for one party (20 shards x 5, d = 128), interleaved, medians."""
+    from fedmem.federation.sharing import AEADS, PartyKey, new_run_id, seal_packet, share_candidates
+
+    rng = np.random.default_rng(a.seed)
+    load0 = os.getloadavg()
+    times = {}
+    packets = {}
+    for B in (1, a.batch):
+        packets[B] = share_candidates(rng.uniform(-1, 1, (B, 20, 5)), rng.normal(size=(B, 20, 5, 128)) * 0.01,
+                                      np.ones((B, 20, 5)), np.arange(20), 2, rng)[0]
+    key = PartyKey()
+    for _ in range(a.repeats):
+        for B, pk in packets.items():
+            for aead in AEADS:
+                rid = new_run_id()
+                t0 = time.perf_counter()
+                sealed = seal_packet(pk, key.public, rid, 0, aead=aead)
+                t1 = time.perf_counter()
+                opened = key.open(sealed, rid, 0)
+                times.setdefault((B, aead), []).append((t1 - t0, time.perf_counter() - t1))
+                del sealed, opened   # freed outside the timed region
+    print(f"seal/open one packet (20 shards x 5, d=128), median of {a.repeats}; load {load0[0]:.2f} -> "
+          f"{os.getloadavg()[0]:.2f}")
+    for (B, aead), v in times.items():
+        mb = packets[B].values.nbytes * (1 + 2 / 128) / 1e6
+        print(f"  B={B:4d} {aead:18s} {mb:6.2f} MB  seal {statistics.median(x[0] for x in v) * 1e3:7.2f} ms  "
+              f"open {statistics.median(x[1] for x in v) * 1e3:7.2f} ms")
+    return times
 
 
 def fit_impl(a, data, qs, owns):
