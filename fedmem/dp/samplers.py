@@ -500,6 +500,8 @@ def discrete_laplace_ints(t: int, s: int, n: int, src: _Words) -> np.ndarray:
     """``n`` exact draws with Pr[y] proportional to exp(-|y| s / t) (int64; object if t is huge)."""
     if not (1 <= t and 1 <= s):
         raise ValueError(f"t and s must be positive integers. Found t={t!r}, s={s!r}.")
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
     if t > _LAP_VEC_MAX_T:
         bits = src.bits
         return np.array([_discrete_laplace(s, t, bits) for _ in range(n)], dtype=object)
@@ -515,6 +517,8 @@ def discrete_gaussian_ints(t: int, s: int, n: int, src: _Words) -> np.ndarray:
     """``n`` exact draws with Pr[y] proportional to exp(-y**2 s**2 / (2 t**2)) (sigma = t/s)."""
     if not (1 <= t and 1 <= s):
         raise ValueError(f"t and s must be positive integers. Found t={t!r}, s={s!r}.")
+    if n <= 0:
+        return np.zeros(0, dtype=np.int64)
     if t > _LAP_VEC_MAX_T:
         bits = src.bits
         sigma2 = Fraction(t, s) ** 2
