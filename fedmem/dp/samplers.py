@@ -608,10 +608,13 @@ def _discrete_ints(kind: str, units: Fraction, n: int, rng, *, engine: str = "nu
         return np.array(ints, dtype=np.float64)
     if engine != "numpy":
         raise ValueError(f"engine must be 'numpy' or 'python'. Found {engine!r}.")
-    t, s = _scale_ratio(units)
+    return _pooled_ints(kind, *_scale_ratio(units), n, rng)
+
+
+def _pooled_ints(kind: str, t: int, s: int, n: int, rng) -> np.ndarray:
+    """``n`` exact draws at scale ``t/s`` (grid units) from ``rng``'s pool, as float64."""
     draw = discrete_gaussian_ints if kind == "gaussian" else discrete_laplace_ints
-    ints = _POOL.take(rng, (kind, t, s), n, lambda m: draw(t, s, m, _Words(rng)))
-    return ints.astype(np.float64)
+    return _POOL.take(rng, (kind, t, s), n, lambda m: draw(t, s, m, _Words(rng))).astype(np.float64)
 
 
 class _NoisePool:
@@ -732,15 +735,23 @@ def secure_release(x: np.ndarray, scale: float, rng, *, kind: str, sensitivity: 
         raise ValueError(f"kind must be 'gaussian' or 'laplace'. Found {kind!r}.")
     d = x.size
     g = _resolve_grid(scale, grid)
-    units = _inflated_units(kind, float(scale), g, float(sensitivity), d)
     snapped = np.round(x / g) * g
     if np.any(np.abs(snapped) >= math.ldexp(g, 52)):
         raise ValueError(
             f"value is too large for exact secure release on the grid {g!r} (scale {scale!r}): "
             f"|value| must stay below {math.ldexp(g, 52)!r}. Found {float(np.max(np.abs(x)))!r}."
         )
-    noise = _discrete_ints(kind, units, d, rng, engine=engine).reshape(x.shape) * g
-    return snapped + noise
+    if engine == "numpy":    # (t, s) cached on float keys: no Fraction hashing per release
+        ints = _pooled_ints(kind, *_release_ratio(kind, float(scale), g, float(sensitivity), d), d, rng)
+    else:
+        ints = _discrete_ints(kind, _inflated_units(kind, float(scale), g, float(sensitivity), d), d, rng,
+                              engine=engine)
+    return snapped + ints.reshape(x.shape) * g
+
+
+@functools.lru_cache(maxsize=1024)
+def _release_ratio(kind: str, scale: float, g: float, sensitivity: float, d: int) -> tuple[int, int]:
+    return _scale_ratio(_inflated_units(kind, scale, g, sensitivity, d))
 
 
 @functools.lru_cache(maxsize=1024)
