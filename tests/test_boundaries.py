@@ -41,7 +41,7 @@ def data():
 def _shape(exc):
     """Everything an agent can observe of a refusal except the public query id."""
     attrs = {k: v for k, v in vars(exc).items() if k != "query_id"}
-    return type(exc), str(exc), exc.args, sorted(vars(exc)), attrs
+    return type(exc), str(exc), repr(exc.args), tuple(sorted(vars(exc))), repr(sorted(attrs.items()))
 
 
 def test_forged_guessed_and_known_labels_are_refused_uniformly(tmp_path, data, ray_local):
@@ -204,7 +204,13 @@ def probe(agent) -> dict:
             return rpc.call(name, *args)
         import ray
 
-        return ray.get(getattr(rpc, name).remote(*args), timeout=30)
+        from fedmem.agent.federation_service import REFUSED
+        from fedmem.federation.gateway import refusal
+
+        out = ray.get(getattr(rpc, name).remote(*args), timeout=60)
+        if isinstance(out, tuple) and out and out[0] == REFUSED:
+            raise refusal(out[1])                      # what RemoteMemoryClient does with it
+        return out
 
     for name, args in (("audit", ()), ("ground_truth_many", (q[None],)), ("spent_of", (info["labels"][other],)),
                        ("info", ())):
@@ -231,14 +237,16 @@ def _write_probe_info(sess, tmp, ray):
     os.chmod(tmp / "probe.json", 0o644)
 
 
-def _traversable(path: Path) -> Path:
-    """Let the agents' uids traverse down to ``path`` (pytest's base temp is 0700)."""
-    path.mkdir(parents=True, exist_ok=True)
-    for p in [path, *path.parents]:
-        if p == Path("/"):
-            break
-        os.chmod(p, os.stat(p).st_mode | 0o001)
-    return path
+@pytest.fixture
+def agent_dir():
+    """A run folder the agents' uids can reach (pytest's base temp is 0700, and pytest resets it)."""
+    import shutil
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="fedmem-iso-", dir="/tmp"))
+    os.chmod(d, 0o711)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -248,11 +256,11 @@ def codec():
     return load_minilm()[1]
 
 
-def test_isolated_agent_reaches_nothing_but_its_rpc(tmp_path, data, codec, ray_local):
+def test_isolated_agent_reaches_nothing_but_its_rpc(agent_dir, data, codec, ray_local):
     from fedmem.agent.session import make_world, open_session
 
     ray = ray_local
-    out = _traversable(tmp_path / "iso")
+    out = agent_dir
     worlds = make_world(2, 2, data, np.random.default_rng(1), codec=codec, context_tokens=128)
     with open_session("isolated", worlds, FCFG, data, ACFG, out, seed=3, projectors=1, agent_cls=ProbeAgent) as s:
         results = s.run()
@@ -289,7 +297,12 @@ def test_same_probe_from_an_in_cluster_agent_sees_the_cluster(tmp_path, data, co
     Ray actor, lists the cluster's actors (so the isolated test above could have failed)."""
     from fedmem.agent.session import make_world, open_session
 
+    import sys
+
+    import ray.cloudpickle
+
     ray = ray_local
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])       # ProbeAgent into the Ray workers
     worlds = make_world(2, 1, data, np.random.default_rng(1), codec=codec, context_tokens=128)
     with open_session("cluster", worlds, FCFG, data, ACFG, tmp_path, seed=3, projectors=1,
                       agent_cls=ProbeAgent) as s:

@@ -337,6 +337,10 @@ class IsolatedSession:
             self._start_zygote()
             uids = {}
             if self.enforced["own_uid"]:
+                shut = [str(q) for q in self.out_dir.resolve().parents if not os.stat(q).st_mode & 0o001]
+                if shut:
+                    raise ValueError(f"out_dir must be reachable by the agents' uids (every parent needs o+x). "
+                                     f"Found {shut[0]} without it.")
                 os.chmod(self.out_dir, os.stat(self.out_dir).st_mode | 0o001)
                 os.chmod(led_dir, 0o1733)      # agents create their files; none can list or delete another's
             for i, w in enumerate(self.worlds):
