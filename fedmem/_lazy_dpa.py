@@ -98,14 +98,24 @@ def install() -> bool:
     with _lock:
         if NAME in sys.modules:
             return False
-        spec = importlib.util.find_spec(NAME)
-        if spec is None or spec.origin is None or spec.loader is None or not spec.submodule_search_locations:
+        module = new_lazy_module()
+        if module is None:
             return False
-        table = _reexports(spec.origin)
-        if table is None:
-            return False
-        module = importlib.util.module_from_spec(spec)
-        module._fedmem_reexports = table
-        module.__class__ = _LazyPackage
         sys.modules[NAME] = module
         return True
+
+
+def new_lazy_module() -> types.ModuleType | None:
+    """A ``dp_accounting`` package module whose ``__init__`` has not run (not registered in
+    ``sys.modules``: :func:`install` does that), or None when the installed package does
+    not have the expected shape."""
+    spec = importlib.util.find_spec(NAME)
+    if spec is None or spec.origin is None or spec.loader is None or not spec.submodule_search_locations:
+        return None
+    table = _reexports(spec.origin)
+    if table is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    module._fedmem_reexports = table
+    module.__class__ = _LazyPackage
+    return module
