@@ -173,13 +173,23 @@ def _mean_units(units) -> float:
 
 
 def _boot(units, rng, reps: int, conf: float, stat=_mean_units) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``stat`` over haystacks (the resampling unit)."""
+    """Percentile bootstrap interval of ``stat`` over haystacks (the resampling unit), by
+    ``scipy.stats.bootstrap`` resampling haystack indices with the injected generator ``rng``."""
+    from scipy import stats
+
     n = len(units)
     if n == 0:
         return float("nan"), float("nan")
-    draws = [stat([units[i] for i in rng.integers(0, n, n)]) for _ in range(reps)]
-    a = (1.0 - conf) / 2.0
-    return float(np.quantile(draws, a)), float(np.quantile(draws, 1.0 - a))
+    if n == 1:
+        v = stat(units)
+        return float(v), float(v)
+
+    def on_indices(idx):
+        return stat([units[int(i)] for i in idx])
+
+    res = stats.bootstrap((np.arange(n),), on_indices, vectorized=False, n_resamples=reps, confidence_level=conf,
+                          method="percentile", rng=rng)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def _subem_ci(units, rng, reps, conf) -> tuple[float, float, str]:
@@ -342,11 +352,9 @@ EPSILON_NOTE = (
 
 
 def _plot(ctx, epsilons, lengths, mean, bench, mech_kind):
-    import matplotlib
+    from fedmem import figures as F
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = F.pyplot()
     fig, axes = plt.subplots(1, len(lengths), figsize=(4 * len(lengths), 3.4), sharey=True, squeeze=False)
     for ax, L in zip(axes[0], lengths):
         for c, style in zip(CONFIGS, ("-o", "--o", "-s", "--s")):
@@ -357,7 +365,8 @@ def _plot(ctx, epsilons, lengths, mean, bench, mech_kind):
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("SubEM (%)")
     axes[0][-1].legend(fontsize=7)
-    ctx.save_figure(fig, "niah_subem_vs_epsilon" if bench == "niah" else "multihop_subem_vs_epsilon")
+    F.save(ctx, fig, "niah_subem_vs_epsilon" if bench == "niah" else "multihop_subem_vs_epsilon",
+           "SubEM against per-token epsilon, one panel per context length")
 
 
 EXPERIMENTS = {
