@@ -405,7 +405,7 @@ def test_ray_engine_column_same_data_exact_receipts_leak_noised_ones_are_booked(
     from fedmem.bench.shards import sample_queries
     from fedmem.flower.apps import build_world, world_spec
     from fedmem.experiments.flower import _eps_of, _truths
-    from fedmem.flower.ray_engine import run_ray_engine
+    from fedmem.experiments.flower_ray_engine import run_ray_engine
 
     f = NS(shards=6, records_per_shard=12, key_dim=16, value_dim=8, clip=1.0, k_local=5, threshold=0.5, sigma=1.2,
            delta=1e-6, num_cpus=2)

@@ -21,7 +21,7 @@ shards, queries and membership candidate:
   "not DP (float sampler)") and its inner strategy sees the exact aggregate.
 
 Every row is judged by the one verdict rule, :func:`fedmem.attacks.verdict.judge`.
-* **the Ray engine** (``[ray_engine]``, :mod:`fedmem.flower.ray_engine`): fedmem's own
+* **the Ray engine** (``[ray_engine]``, :mod:`fedmem.experiments.flower_ray_engine`): fedmem's own
   Ray + CrypTen :class:`~fedmem.federation.Federation`, threshold selection, undefended
   (exact receipts, gateway off) and defended (noised receipts, gateway on), in this process.
 
@@ -306,7 +306,7 @@ def run(cfg, ctx) -> Result:
     # ---- the "ray" engine column: same shards, queries and candidate, in this process (Ray + CrypTen)
     ray_out = None
     if cfg.ray_engine.enabled:
-        from fedmem.flower.ray_engine import run_ray_engine
+        from fedmem.experiments.flower_ray_engine import run_ray_engine
 
         ctx.log(f"ray engine: {cfg.ray_engine.mpc} parties, threshold selection, {f.shards} shards")
         ray_out = run_ray_engine(f, cfg.ray_engine, data, targets, qs, a.repeats, rng_for=ctx.rng,
@@ -394,7 +394,7 @@ def run(cfg, ctx) -> Result:
                     extra={"answered": answered if who != "server" else None})
 
     if ray_out is not None:
-        from fedmem.flower.ray_engine import config_summary, federation_config
+        from fedmem.experiments.flower_ray_engine import config_summary, federation_config
 
         for variant in ("undefended", "defended"):
             x = ray_out[variant]
