@@ -130,6 +130,16 @@ def memory(cfg) -> list[tuple[str, str, float]]:
 
 
 # ------------------------------------------------------------------------------ run
+def make_data(cfg, rng):
+    """The clustered shard data (benchmark content, injected into the federation; moved here
+    from ``fedmem.federation.services`` so the federation layer never imports ``fedmem.bench``)."""
+    from fedmem.bench.shards import clustered_data
+
+    f = cfg.federation
+    return clustered_data(f.shards, f.records_per_shard, f.key_dim, f.value_dim, f.clip, rng,
+                          clusters=cfg.data.clusters, spread=cfg.data.spread, at_hosts=cfg.data.generate_at_hosts)
+
+
 def run(cfg, ctx) -> Result:
     from fedmem.dp import Accountant, DurableStore
 
@@ -139,7 +149,7 @@ def run(cfg, ctx) -> Result:
     def world_accountant(name: str):
         return Accountant(a.accountant, store=store, name=name)
 
-    data = services.make_data(cfg, ctx.rng("data"))
+    data = make_data(cfg, ctx.rng("data"))
     metrics: dict = {"variant": _variant(f), "budgets": {k: f[k] for k in (
         "epsilon_budget", "total_epsilon_budget", "support_budget_bits", "total_support_budget_bits")}}
     tables: list[Table] = []

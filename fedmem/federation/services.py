@@ -1,6 +1,7 @@
-"""Engine glue of the federation experiments: Ray and compute parties started once per run,
-the scenario's ``[federation]`` section turned into a :class:`FederationConfig`, and the
-clustered shard data.
+"""Engine glue of the federation experiments: Ray and compute parties started once per run and
+the scenario's ``[federation]`` section turned into a :class:`FederationConfig`. The clustered
+shard data (benchmark content) is built by the experiment (``make_data`` in
+:mod:`fedmem.experiments.support_leak`) and injected: this module never imports ``fedmem.bench``.
 
 Used by the ``federation.support_leak`` experiment (:mod:`fedmem.experiments.support_leak`)
 and its attack games (:mod:`fedmem.attacks.federation_games`). ``make_federation`` is an
@@ -65,11 +66,3 @@ class Services:
             if ray.is_initialized():
                 ray.shutdown()
             self.owns_ray = False
-
-
-def make_data(cfg, rng):
-    from fedmem.bench.shards import clustered_data
-
-    f = cfg.federation
-    return clustered_data(f.shards, f.records_per_shard, f.key_dim, f.value_dim, f.clip, rng,
-                          clusters=cfg.data.clusters, spread=cfg.data.spread, at_hosts=cfg.data.generate_at_hosts)
