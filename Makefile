@@ -11,6 +11,7 @@ demo: install
 
 # The whole suite (what CI runs); the 25 slowest tests are listed at the end.
 test: install
+	@$(VENV)/bin/lint-imports --no-cache
 	@$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 # Development lane: everything but the tests marked slow (own clusters, subprocess runs).
