@@ -97,7 +97,8 @@ def test_ray_job_submit_runs_a_scenario_from_an_uploaded_working_dir(subprocess_
             assert where[who].startswith(temp) and "working_dir_files" in where[who], (who, where)
             assert not where[who].startswith(str(REPO)), (who, where)
         # -- fedmem run attached to the job's cluster (RAY_ADDRESS), it did not start a private Ray
-        (results,) = Path(temp).glob("session_*/runtime_resources/working_dir_files/*/out/results.json")
+        found = {p.resolve() for p in Path(temp).glob("session_*/runtime_resources/working_dir_files/*/out/results.json")}
+        (results,) = found        # (session_latest is a link to the session: count each file once)
         payload = json.loads(results.read_text())
         assert payload["kind"] and "verdict" in json.dumps(payload), payload.keys()
         address = payload["provenance"]["ray_address"]
