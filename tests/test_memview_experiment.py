@@ -195,6 +195,14 @@ def test_table4_small_run_reports_bounds(tmp_path, monkeypatch):
     verdict = {(row[0], row[1]): row[3] for row in diff.rows}
     assert verdict[("CappedArgmax", "view")] == "yes"
     assert set(UTILITY_COLUMNS) <= set(v["NoCap"])
+    # ablation-aware auditor: reported beside the paper; the compliant interface releases no
+    # selection past the cap (AUC exactly 0.5, never separated)
+    ab = res.metrics["ablation_auditor"]
+    assert set(ab) == {"DP-MemView (on)", "IncompleteCharge", "NoCap"}
+    assert ab["DP-MemView (on)"]["auc"] == 0.5 and not ab["DP-MemView (on)"]["separated"]
+    assert ab["DP-MemView (on)"]["nonzero_scores"] == 0.0 < ab["NoCap"]["nonzero_scores"]
+    assert ab["NoCap"]["paper_auc"] == 0.599 and ab["NoCap"]["paper_diff"] == pytest.approx(0.109)
+    assert any(t.title.startswith("Ablation-aware auditor") for t in res.tables)
 
 
 def test_judge_like_correctness_penalises_false_user_facts_only():

@@ -51,8 +51,10 @@ from fedmem.agent.llm import ECHO_MARK, OpenAICompatibleResponder, TemplateRespo
 from fedmem.agent.memview.baselines import ABLATIONS, ALL_METHODS, DP_METHODS, TABLE2_METHODS, VIOLATES, run_method
 from fedmem.agent.memview.scorer import PaperScorer, PhraseLexicon
 from fedmem.attacks.audit import auc_ci, clopper_pearson, dp_roc_ceiling, roc_auc, tpr_at_fpr
-from fedmem.attacks.memview_auditor import (CALIBRATIONS, audit, macro_auc_ci, paired_auc_difference, prefix_features,
-                                           view_audit, view_events)
+from fedmem.agent.memview.interface import _share
+from fedmem.attacks.memview_auditor import (CALIBRATIONS, audit, extra_selection_llr, macro_auc_ci,
+                                           paired_auc_difference, prefix_features, score_audit, view_audit,
+                                           view_events)
 from fedmem.bench import pairedmem as pm
 from fedmem.dp import DurableStore
 from fedmem.report import Result, Table
@@ -225,12 +227,14 @@ class Bench:
                  for text in tr.responses]
         return views, None
 
-    def audit_runs(self, runs) -> dict:
+    def audit_runs(self, runs, method: str | None = None, cap: float | None = None, K: int | None = None) -> dict:
         """auditor -> prefix -> AuditResult for one set of transcripts.
 
         ``"embedding"``: the paper's calibrated MiniLM auditor; ``"view"``: the
         likelihood-ratio auditor on the released views (trained on the train split);
-        ``"count"``: the untrained target-view count.
+        ``"count"``: the untrained target-view count; ``"extra"`` (online EM interfaces
+        only, when ``method``, ``cap`` and ``K`` are given): the ablation-aware exact
+        likelihood ratio of the selections past the target's pathwise cap.
         """
         T = self.cfg.data.turns
         attrs = [p.target for p in self.pairs]
@@ -246,6 +250,14 @@ class Bench:
             res["view"][prefix] = view_audit(events["M"], events["M'"], attrs, splits, prefix,
                                              smoothing=self.cfg.audit.smoothing)
             res["count"][prefix] = view_audit(events["M"], events["M'"], attrs, splits, prefix, method="count")
+        if method in EXTRA_METHODS and cap is not None and K is not None:
+            eps = _share(cap, K)
+            scores = {side: [extra_selection_llr(pair.policy, pair.target, pair.queries[:T], *self._released(
+                pair, sides[side]), pair.stores["M"].items, pair.stores["M'"].items, self.scorer, eps=eps, cap=cap)
+                for pair, sides in zip(self.pairs, runs)] for side in ("M", "M'")}
+            # untrained (nothing is fitted), so every pair is a test pair
+            res["extra"] = {prefix: score_audit(scores["M"], scores["M'"], attrs, ["test"] * len(attrs), prefix)
+                            for prefix in self.cfg.audit.prefixes}
         self._tick("view auditors", t0)
         t0 = time.perf_counter()
         texts = [t for sides in runs for side in ("M", "M'") for t in sides[side].responses]
@@ -274,7 +286,7 @@ class Bench:
         for seed in seeds:
             runs = self.transcripts(method, seed, cap, K)
             identical = all(r["M"].identical_conditioning for r in runs)
-            per_seed.append({"util": self.utility(runs), "audits": self.audit_runs(runs)})
+            per_seed.append({"util": self.utility(runs), "audits": self.audit_runs(runs, method, cap, K)})
             spent += [r["M"].target_spent for r in runs] + [r["M'"].target_spent for r in runs]
             recon += [r["M"].target_reconstructed for r in runs] + [r["M'"].target_reconstructed for r in runs]
         out = {"method": method, "cap": cap, "K": K, "seeds": seeds, "identical": identical}
@@ -282,7 +294,7 @@ class Bench:
             out[key] = float(np.mean([s["util"][key] for s in per_seed]))
         T0 = self.cfg.audit.prefixes[0]
         out["auditors"], out["pooled"] = {}, {}
-        for name in AUDITORS:
+        for name in [n for n in (*AUDITORS, "extra") if n in per_seed[0]["audits"]]:
             by_prefix = {}
             for prefix in self.cfg.audit.prefixes:
                 results = [s["audits"][name][prefix] for s in per_seed]
@@ -312,6 +324,8 @@ class Bench:
 
 
 AUDITORS = ("embedding", "view", "count")
+# Online EM interfaces audited by the ablation-aware auditor (Table 4; "extra" in results)
+EXTRA_METHODS = ("DP-MemView (on)", "IncompleteCharge", "NoCap")
 
 
 _ECHO = re.compile(re.escape(ECHO_MARK) + r" (.+?), I took that into account\.")
@@ -534,6 +548,12 @@ def run_table4(cfg, ctx) -> Result:
                                           alpha=cfg.audit.alpha, n_boot=cfg.audit.n_boot,
                                           rng=ctx.rng("auc-diff", method, name))
                 diff_rows.append([method, name, _ci(d[0], d[1:]), "yes" if d[1] > 0 else "no"])
+    extra, extra_rows = _ablation_auditor(results, cfg, ctx, T)
+    for method, e in extra.items():
+        extra_rows.append([method, VIOLATES.get(method, "-"), _ci(e["auc"], e["auc_ci"]),
+                           _ci(e["diff"], e["diff_ci"]) if method != "DP-MemView (on)" else "-",
+                           "yes" if e["separated"] else "no", e["nonzero_scores"], e["paper_auc"],
+                           "-" if e["paper_diff"] is None else f"{e['paper_diff']:+.3f}"])
     tables = [Table(f"Table 4: safeguard ablations (B_a={cfg.budget.cap}, K={cfg.budget.K}, T={T})",
                     ["variant", "violated", "target DP bound (max)", "mean reconstructed", "ledger max",
                      "AUC emb [CI]", "AUC view-LR [CI]", "AUC count [CI]", "TPR@5 emb", "TPR@5 view", "tRec", "U",
@@ -546,12 +566,53 @@ def run_table4(cfg, ctx) -> Result:
                      "measurably more"], diff_rows,
                     note="Pair-level bootstrap of the difference of seed-mean macro-AUCs (the same resampled test "
                          "pairs for both; auditor fits held fixed)."),
+              Table("Ablation-aware auditor: exact likelihood ratio of the selections past the pathwise cap",
+                    ["variant", "violated", f"AUC [{1 - cfg.audit.alpha:.0%} CI]",
+                     "AUC - AUC(DP-MemView (on)) [CI]", "separated", "transcripts scored != 0",
+                     "paper AUC", "paper AUC - 0.490"], extra_rows,
+                    note="The auditor knows the ablation and the pair: it replays the target's complete-charging "
+                         "cost from public data (read sets, charge sets, fallback controls, eps = B_a/K) and sums "
+                         "the exact EM log-ratio log P_M(v)/P_M'(v) over the selections released after that cost "
+                         "exceeds B_a (the Neyman-Pearson test of the extra charge; 0 elsewhere). Nothing is fitted, "
+                         "so every pair is a test pair; seed-mean macro-AUC, pair-level bootstrap; separated = "
+                         "difference CI above 0. "
+                         "The compliant interface releases no such selection (every score 0, AUC 0.5): a "
+                         "separation there would be a ledger bug. Paper: embedding auditor (Qwen2.5-7B)."),
               _utility_table(results, "Utility decomposition (per turn, both stores, mean over seeds)"),
               _ceiling_table(checks, cfg.audit.alpha)]
     ok = not any(c["violated"] for c in checks.values() if not math.isinf(c["epsilon"]))
     metrics = {"variants": {m: _metrics(r) for m, r in results.items()}, "ceiling": checks,
-               "timings": dict(bench.timings)}
+               "ablation_auditor": extra, "timings": dict(bench.timings)}
     return Result(metrics=metrics, tables=tables, sections=[_timing_section(bench)], ok=ok)
+
+
+def _ablation_auditor(results: dict, cfg, ctx, T: int) -> tuple[dict, list]:
+    """Table 4 with the ablation-aware auditor (``"extra"``): per online EM variant its AUC,
+    and for each ablation the paired difference to the compliant interface, beside the
+    paper's embedding-auditor numbers."""
+    ref = results.get("DP-MemView (on)")
+    out = {}
+    if ref is None or "extra" not in ref["auditors"]:
+        return out, []
+    paper_ref = PAPER_T4["DP-MemView (on)"][1]
+    for method, r in results.items():
+        if "extra" not in r["auditors"]:
+            continue
+        a = r["auditors"]["extra"][T]
+        per_seed = [s["extra"][T] for s in r["_per_seed"]]
+        if method == "DP-MemView (on)":
+            d = (0.0, 0.0, 0.0)
+        else:
+            d = paired_auc_difference(per_seed, [s["extra"][T] for s in ref["_per_seed"]], alpha=cfg.audit.alpha,
+                                      n_boot=cfg.audit.n_boot, rng=ctx.rng("auc-diff", method, "extra"))
+        pooled = [x for res in per_seed for x in np.concatenate([*res.pos_scores.values(), *res.neg_scores.values()])]
+        paper = PAPER_T4.get(method)
+        out[method] = {"auc": a["auc"], "auc_ci": a["auc_ci"], "diff": float(d[0]), "diff_ci": (float(d[1]), float(d[2])),
+                       "separated": bool(d[1] > 0), "n_test_pairs": a["n_test_pairs"],
+                       "nonzero_scores": float(np.mean(np.asarray(pooled) != 0.0)),
+                       "paper_auc": paper[1] if paper else None,
+                       "paper_diff": round(paper[1] - paper_ref, 3) if paper and method != "DP-MemView (on)" else None}
+    return out, []
 
 
 _SWEEP = {
