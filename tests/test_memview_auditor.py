@@ -10,7 +10,8 @@ import pytest
 
 from fedmem.agent.memview.baselines import run_method
 from fedmem.agent.memview.scorer import PaperScorer, PhraseLexicon
-from fedmem.attacks.memview_auditor import (AuditResult, CalibratedAuditor, ViewLikelihoodAuditor, fit_platt,
+from fedmem.attacks.memview_auditor import (AuditResult, CalibratedAuditor, ViewLikelihoodAuditor, extra_selection_llr,
+                                            fit_platt, score_audit,
                                             macro_auc_ci, paired_auc_difference, target_view_count, view_audit,
                                             view_events)
 from fedmem.bench import pairedmem as pm
@@ -187,3 +188,66 @@ def _leaks_more_than_compliant(variant: str) -> tuple[bool, tuple]:
 def test_ablations_leak_measurably_more_than_the_compliant_interface(variant, leaks):
     detected, (d, lo, hi) = _leaks_more_than_compliant(variant)
     assert detected == leaks, f"{variant}: AUC difference {d:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
+# ------------------------------------------------------------------ Table 4: the ablation-aware auditor
+# At Table 4's own setting (B_a=2, K=3, T=16): the exact EM log-ratio of the selections
+# released past the target's pathwise complete-charging cap (extra_selection_llr). 96 pairs,
+# one seed: enough to check the compliant interface releases none and NoCap does.
+T4_CAP, T4_K, T4_T, T4_PAIRS = 2.0, 3, 16, 96
+
+
+@functools.lru_cache(maxsize=1)
+def _t4_pairs():
+    return pm.generate(T4_PAIRS, np.random.default_rng(2026), turns=T4_T)
+
+
+@functools.lru_cache(maxsize=4)
+def _extra_audit(method: str, seed: int) -> AuditResult:
+    from fedmem.agent.memview.interface import _share
+
+    pairs = _t4_pairs()
+    sc = {"M": [], "M'": []}
+    for p in pairs:
+        for side in sc:
+            tr = run_method(method, p, side, _NoText(), turns=T4_T, cap=T4_CAP, K=T4_K, scorer=SCORER,
+                            rng=np.random.default_rng([seed, p.index, side == "M"]))
+            sc[side].append(extra_selection_llr(p.policy, p.target, p.queries[:T4_T], tr.views, tr.fallbacks,
+                                                p.stores["M"].items, p.stores["M'"].items, SCORER,
+                                                eps=_share(T4_CAP, T4_K), cap=T4_CAP))
+    return score_audit(sc["M"], sc["M'"], [p.target for p in pairs], ["test"] * len(pairs), T4_T)
+
+
+@pytest.mark.parametrize("variant, past_cap", [
+    ("DP-MemView (on)", False),
+    ("NoCap", True),  # companion: the same check fires on an interface without the cap check
+])
+def test_ablation_aware_auditor_finds_no_selection_past_the_cap_of_the_compliant_interface(variant, past_cap):
+    """The ablation-aware auditor scores only selections past the target's pathwise cap:
+    on the compliant interface every score is 0 (AUC exactly 0.5, never separated); on NoCap
+    the same check finds them. Separation of the ablations themselves is measured by the
+    memview.table4 scenario (docs/memview.md): at B_a=2 a 96-pair, one-seed test has no power."""
+    res = _extra_audit(variant, 1)
+    found = any(np.any(s) for s in (*res.pos_scores.values(), *res.neg_scores.values()))
+    assert found == past_cap
+    if not past_cap:
+        ref = _extra_audit("DP-MemView (on)", 0)
+        d, lo, hi = paired_auc_difference([res], [ref], rng=np.random.default_rng(0), n_boot=50)
+        assert res.macro_auc == 0.5 and not lo > 0
+
+
+def test_extra_selection_llr_rejects_bad_input():
+    p = _small_pairs()[0]
+    tr = run_method("NoCap", p, "M", _NoText(), turns=16, cap=2.0, K=3, scorer=SCORER,
+                    rng=np.random.default_rng(0))
+    args = (p.policy, p.target, p.queries, tr.views, tr.fallbacks, p.stores["M"].items, p.stores["M'"].items,
+            SCORER)
+    llr = extra_selection_llr(*args, eps=2.0 / 3, cap=2.0)
+    assert len(llr) == 16 and any(x != 0 for x in llr)
+    assert not any(extra_selection_llr(*args, eps=2.0 / 3, cap=100.0))  # nothing past a cap never reached
+    with pytest.raises(ValueError, match="eps must be positive"):
+        extra_selection_llr(*args, eps=0.0, cap=2.0)
+    with pytest.raises(ValueError, match="cap must be positive"):
+        extra_selection_llr(*args, eps=1.0, cap=-1.0)
+    with pytest.raises(ValueError, match="target"):
+        extra_selection_llr(p.policy, "vegetarian", *args[2:], eps=1.0, cap=2.0)
