@@ -548,8 +548,6 @@ class IsolatedSession:
     def close(self) -> None:
         import signal
 
-        import ray
-
         if self._closed:
             return
         self._closed = True
@@ -566,8 +564,6 @@ class IsolatedSession:
                 self._zygote.wait(timeout=10)
             except Exception:  # noqa: BLE001
                 pass
-        for pid in self._pids:           # reap (they are the zygote's children; gone with it)
-            pass
         if self._server is not None:
             try:
                 self._server.close()
@@ -577,16 +573,9 @@ class IsolatedSession:
             import shutil
 
             shutil.rmtree(self._sockdir, ignore_errors=True)
-        if getattr(self, "fed", None) is not None:
-            try:
-                ray.get(self.fed.close.remote(), timeout=30)
-            except Exception:  # noqa: BLE001
-                pass
-        for h in self._handles:
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
+        from fedmem.agent.session import close_actors
+
+        close_actors(getattr(self, "fed", None), self._handles)
         self._handles = []
 
     def __enter__(self):

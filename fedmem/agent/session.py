@@ -263,18 +263,8 @@ class ActorSession:
                            principal=self.principals[user], federation_delta=self.fed_info["delta"])
 
     def close(self) -> None:
-        import ray
-
-        if getattr(self, "_handles", None) and getattr(self, "fed", None) is not None:
-            try:
-                ray.get(self.fed.close.remote(), timeout=30)
-            except Exception:  # noqa: BLE001
-                pass
-        for h in getattr(self, "_handles", []):
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
+        if getattr(self, "_handles", None):
+            close_actors(getattr(self, "fed", None), self._handles)
         self._handles = []
 
     def __enter__(self):
@@ -282,6 +272,23 @@ class ActorSession:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def close_actors(fed, handles) -> None:
+    """Close the FederationService ``fed`` (if any), then kill every actor in ``handles``;
+    best effort: a session's close never raises (both session modes end this way)."""
+    import ray
+
+    if fed is not None:
+        try:
+            ray.get(fed.close.remote(), timeout=30)
+        except Exception:  # noqa: BLE001
+            pass
+    for h in handles:
+        try:
+            ray.kill(h, no_restart=True)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 MODES = ("isolated", "cluster")
