@@ -518,13 +518,9 @@ class IsolatedSession:
                 "projectors": ray.get([p.stats.remote() for p in self.projectors])}
 
     def reopen_ledger(self, user: str):
-        from fedmem.agent.client import AgentLedger
-        from fedmem.dp import DurableStore
+        from fedmem.agent.session import reopen_agent_ledger
 
-        w = next(w for w in self.worlds if w.user == user)
-        return AgentLedger(user, DurableStore(self.ledger_paths[user]), self.config, w.pair.policy.attributes,
-                           federation_store=DurableStore(self.fed_path), federation_accountant=self.fed_info["accountant"],
-                           principal=self.principals[user], federation_delta=self.fed_info["delta"])
+        return reopen_agent_ledger(self, user)
 
     def agent_pids(self) -> dict:
         return {u: c.pid for u, c in self._conns.items() if c.pid is not None}

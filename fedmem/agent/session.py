@@ -254,13 +254,7 @@ class ActorSession:
 
     def reopen_ledger(self, user: str):
         """A fresh :class:`AgentLedger` on the agent's files (what survives the actor or the driver)."""
-        from fedmem.agent.client import AgentLedger
-        from fedmem.dp import DurableStore
-
-        w = next(w for w in self.worlds if w.user == user)
-        return AgentLedger(user, DurableStore(self.ledger_paths[user]), self.config, w.pair.policy.attributes,
-                           federation_store=DurableStore(self.fed_path), federation_accountant=self.fed_info["accountant"],
-                           principal=self.principals[user], federation_delta=self.fed_info["delta"])
+        return reopen_agent_ledger(self, user)
 
     def close(self) -> None:
         if getattr(self, "_handles", None):
@@ -272,6 +266,20 @@ class ActorSession:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def reopen_agent_ledger(session, user: str):
+    """A fresh :class:`AgentLedger` on ``user``'s files in ``session`` (either session mode:
+    both keep ``worlds``, ``ledger_paths``, ``config``, ``fed_path``, ``fed_info`` and
+    ``principals``); what survives the agent's process or the driver."""
+    from fedmem.agent.client import AgentLedger
+    from fedmem.dp import DurableStore
+
+    w = next(w for w in session.worlds if w.user == user)
+    return AgentLedger(user, DurableStore(session.ledger_paths[user]), session.config, w.pair.policy.attributes,
+                       federation_store=DurableStore(session.fed_path),
+                       federation_accountant=session.fed_info["accountant"],
+                       principal=session.principals[user], federation_delta=session.fed_info["delta"])
 
 
 def close_actors(fed, handles) -> None:
