@@ -19,6 +19,7 @@ from fedmem.report import RunContext
 from fedmem.scenario import load_scenario
 
 SMALL = ["audit.trials=20000", "audit.broken_trials=4000", "aggregator.deployed=50", "audit.plots=false",
+         "flower.enabled=false", "brace.enabled=false",
          "memview.max_candidates=64", "dpmind.trials=4000"]
 
 
@@ -82,3 +83,62 @@ def test_one_federated_retrieval_is_audited(tmp_path, ray_local):
     assert not f["caught"] and 0 < f["eps_lower"] <= f["eps_booked"]
     assert fb["caught"]
     assert "one_run" in f["estimators"] and math.isfinite(f["estimators"]["one_run"]["eps_lower"])
+
+
+# ------------------------------------------------------------------ Flower rounds and one BRACE step (issue 20)
+def _section(tmp_path, fn, extra):
+    sc = load_scenario("scenarios/audit_tightness.toml", SMALL + extra)
+    ctx = RunContext(tmp_path / "run", sc.config["seed"], show_progress=False, quiet=True)
+    book = AU._Book(sc.config.audit.alpha / 8, sc.config.audit.delta)
+    rows: list = []
+    fn(sc.config, ctx, book, rows)
+    return book.mechanisms, rows
+
+
+def test_flower_rounds_audited_broken_wrappers_caught(tmp_path):
+    """Both Flower wrappers through fedmem.flower.harness (20 deployed rounds per world, the rest batched
+    from the same sampler): the correct ones stay within what they book, half the noise and a sensitivity
+    off by 2 are caught by the same GDP-fit test. Sized: 20k releases per world on the correct rows put the
+    GDP lower bound at ~0.5-0.75 of booked and the broken ones 1.1-1.9x above (seconds)."""
+    mech, rows = _section(tmp_path, AU._audit_flower, ["flower.deployed=20"])
+    assert set(mech) == {"flower.fedmem", "flower.fedmem/half_noise", "flower.fedmem/sensitivity_off_by_2",
+                         "flower.flower", "flower.flower/half_noise",
+                         "flower.flower/default_sensitivity_clipping_norm"}
+    for name, m in mech.items():
+        assert m["method"] == "gdp_fit" and m["deployed_vs_batched_ks_p"] > 1e-3, (name, m)
+        if m["broken"]:
+            assert m["caught"] and m["eps_lower"] > m["eps_booked"], (name, m)
+        else:
+            assert not m["caught"] and 0 < m["eps_lower"] <= m["eps_pair"] <= m["eps_booked"], (name, m)
+    # what dp='flower' books without a sensitivity: the clipping norm, half the replace-one change
+    assert mech["flower.flower/default_sensitivity_clipping_norm"]["eps_booked"] < 0.6 * mech["flower.flower"][
+        "eps_booked"]
+    assert any(r[0] == "flower" and "chosen" in r[4] for r in rows)
+
+
+def test_brace_step_search_and_audit(tmp_path):
+    """One BRACE step: the search keeps the gate whose certificate sits at its floor (a plain Gaussian, the
+    largest exact epsilon), the correct step stays within booked (the zCDP conversion leaves eps_pair
+    ~0.83 of it), half the noise is caught by the same GDP fit."""
+    mech, rows = _section(tmp_path, AU._audit_brace, ["brace.trials=20000"])
+    ok, bad = mech["brace.step"], mech["brace.step/half_noise"]
+    chosen = [r for r in rows if r[0] == "brace" and "chosen" in r[4]]
+    assert len(chosen) == 1 and chosen[0][1].startswith("4000 at q")
+    assert ok["method"] == "gdp_fit" and not ok["caught"] and 0 < ok["eps_lower"] <= ok["eps_pair"] < ok["eps_booked"]
+    assert 0.75 < ok["eps_pair"] / ok["eps_booked"] < 0.9
+    assert bad["caught"] and bad["eps_lower"] > bad["eps_booked"]
+    assert min(ok["deployed_vs_batched_ks_p"], bad["deployed_vs_batched_ks_p"]) > 1e-3
+
+
+def test_projected_gaussian_epsilon_matches_gdp_and_the_projection_bound():
+    from fedmem.attacks import tight as T
+
+    # far from the ball's edge: the plain Gaussian pair (mu = 1)
+    assert AU.projected_gaussian_epsilon(0.5, -0.5, 1.0, 1e3, 1e-6) == pytest.approx(T.gdp_epsilon(1.0, 1e-6),
+                                                                                       rel=1e-3)
+    # a binding projection bounds the loss by the atom's ratio (pure DP): mean +-1, std 1, ball radius 2
+    from scipy.stats import norm
+
+    atom = math.log(norm.sf(1.0) / norm.sf(3.0))
+    e = AU.projected_gaussian_epsilon(1.0, -1.0, 1.0, 2.0, 1e-12)
+    assert e <= atom + 1e-6 and e > 0.95 * atom
