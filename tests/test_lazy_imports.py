@@ -19,19 +19,31 @@ HEAVY = ("dp_accounting.pld", "dp_accounting.mechanism_calibration", "dp_account
 
 CODE = r"""
 import json, sys
+def loaded(names):
+    return [m for m in names if m in sys.modules]
 import fedmem.federation.engine, fedmem.federation.aggregator, fedmem.dp
 import dp_accounting
-print(json.dumps({"heavy": [m for m in HEAVY if m in sys.modules], "lazy": type(dp_accounting).__name__}))
+out = {"heavy": loaded(HEAVY), "lazy": type(dp_accounting).__name__}
+import fedmem.federation.sharing, fedmem.federation.mpc
+out["mpc"] = loaded(("torch", "crypten"))
+import fedmem.flower, fedmem.flower.harness
+from fedmem.flower import GatewayStrategy
+out["flower"] = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "crypten", "ray"))
+print(json.dumps(out))
 """
 
 
 def test_fedmem_imports_no_heavy_module():
-    """A fresh interpreter (what a Ray actor is): importing the engine loads none of HEAVY."""
+    """A fresh interpreter (what a Ray actor is): importing the engine loads none of HEAVY;
+    then the sharing layer and mpc (what shard hosts import: numpy only) load no torch or
+    CrypTen; then ``fedmem.flower`` (and its harness) loads no torch, CrypTen or Ray. One
+    interpreter for the three checks, in that order: a module is never unloaded, so a
+    later stage can only see more modules than a fresh interpreter would, never fewer."""
     out = subprocess.run([sys.executable, "-c", f"HEAVY = {HEAVY!r}\n{CODE}"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
-    assert res == {"heavy": [], "lazy": "_LazyPackage"}, res     # each is loaded where used
+    assert res == {"heavy": [], "lazy": "_LazyPackage", "mpc": [], "flower": []}, res     # each is loaded where used
 
 
 def test_lazy_dp_accounting_resolves_every_name_to_the_real_object():
