@@ -27,7 +27,8 @@ round's deadline (``round_timeouts`` {round: seconds}, else ``timeout_s``): a si
 dropout, the server just gets fewer replies. The deadline is public configuration set on
 ``SecAggPlusWorkflow.timeout`` per round (:class:`_RoundDeadlines`); after a round with a
 stalled client the server waits ``stall_s`` before the next round, so the late reply is
-done before that node is asked again (simulation artefact, see :class:`_RoundDeadlines`).
+done before that node is asked again (simulation artefact, see :class:`_RoundDeadlines`; not
+after the last round, which has no next one).
 """
 
 from __future__ import annotations
@@ -145,7 +146,9 @@ def _run(spec: dict) -> dict:
                                     modulus_range=grid.modulus_range, max_weight=float(spec["k_local"]),
                                     timeout=spec.get("timeout_s"))
         stall = float(spec.get("stall_s", 0.0))
-        pauses = {r: stall for rs in (spec.get("stalls") or {}).values() for r in rs}
+        # no pause after the last round: there is no next round whose SecAgg+ state a late write-back could
+        # overwrite (the simulation just ends; the late ClientApp's reply is discarded)
+        pauses = {r: stall for rs in (spec.get("stalls") or {}).values() for r in rs if int(r) < len(rounds)}
         wf = DefaultWorkflow(fit_workflow=_RoundDeadlines(secagg, spec.get("timeout_s"), spec.get("round_timeouts"),
                                                           pauses))
         wf(grid_, ctx)
