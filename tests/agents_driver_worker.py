@@ -1,9 +1,12 @@
 """Subprocess driver for tests/test_agents_actors.py (not a test module itself).
 
-Usage: ``python agents_driver_worker.py OUT_DIR``. Starts its own private Ray, runs an
-:class:`~fedmem.agent.session.ActorSession` (2 agents x 2 tasks) against one federation
-service, prints one JSON line ``{"spend": {user: summary}, "principals": {...}}`` and then
-sleeps: the parent SIGKILLs it there and reopens every ledger file.
+Usage: ``python agents_driver_worker.py OUT_DIR [GCS_ADDRESS PROJECTOR_NAME NAMESPACE]``.
+Joins the Ray cluster at ``GCS_ADDRESS`` (the test session's; without it, starts its own
+private Ray), runs an :class:`~fedmem.agent.session.ActorSession` (2 agents x 2 tasks)
+against one federation service, using the named projector service when given, prints one
+JSON line ``{"spend": {user: summary}, "principals": {...}}`` and then sleeps: the parent
+SIGKILLs it there and reopens every ledger file (Ray kills this driver's actors when its
+job dies).
 """
 
 from __future__ import annotations
@@ -33,10 +36,17 @@ def world():
     return data, make_world(2, 2, data, np.random.default_rng(5), codec=codec, context_tokens=128)
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, address: str | None = None, projector: str | None = None,
+         namespace: str | None = None) -> None:
+    import ray
+
     data, worlds = world()
-    ensure_ray(num_cpus=1)
-    sess = ActorSession(worlds, FCFG, data, ACFG, out_dir, seed=11, projectors=1)
+    if address:
+        ensure_ray(address)
+    else:
+        ensure_ray(num_cpus=1)
+    shared = ray.get_actor(projector, namespace=namespace) if projector else None
+    sess = ActorSession(worlds, FCFG, data, ACFG, out_dir, seed=11, projectors=1, projector=shared)
     sess.run()
     spend = sess.call("spend")
     print(json.dumps({"spend": spend, "principals": sess.principals, "dead": sess.dead}), flush=True)
@@ -45,4 +55,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:5])

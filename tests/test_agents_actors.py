@@ -4,6 +4,7 @@ test), and every ledger survives a SIGKILL of the driver."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -32,12 +33,18 @@ def data():
                                  np.random.default_rng(0), clusters=3)
 
 
+PROJECTOR = ("fedmem-test-projector", "fedmem-tests")     # (name, namespace): the driver subprocess reuses it
+
+
 @pytest.fixture(scope="module")
 def projector(ray_local):
-    """One nearest-token search service for the module (it loads the MiniLM index once)."""
-    from fedmem.agent.federation_service import start_projector_service
+    """One nearest-token search service for the module (it loads the MiniLM index once); named,
+    so that the driver subprocess of the SIGKILL test uses it too instead of building its own."""
+    from fedmem.agent.federation_service import ProjectorService
 
-    h = start_projector_service()
+    h = ray_local.remote(num_cpus=0.05, max_restarts=0)(ProjectorService).options(
+        name=PROJECTOR[0], namespace=PROJECTOR[1]).remote("cascade")
+    ray_local.get(h.ping.remote())
     yield h
     ray_local.kill(h, no_restart=True)
 
@@ -47,35 +54,6 @@ def codec():
     from fedmem.agent.dpmind import load_minilm
 
     return load_minilm()[1]
-
-
-def test_actor_session_one_federation_bookings_match(tmp_path, data, codec, projector, ray_local):
-    import ray
-
-    worlds = make_world(3, 2, data, np.random.default_rng(1), codec=codec, context_tokens=128)
-    with ActorSession(worlds, FCFG, data, ACFG, tmp_path, seed=3, projector=projector) as s:
-        results = s.run()
-        assert not s.dead and not s.failed
-        assert len(set(s.principals.values())) == 3                    # one principal per agent
-        assert all(len(r) == 2 for r in results.values())
-        checks = s.call("check", 7)
-        for u, c in checks.items():
-            assert c == {"federation": [], "memview": [], "brace": [], "dpmind": []}, (u, c)
-        spend = s.call("spend")
-        audit = ray.get(s.fed.audit.remote())
-        for w in worlds:
-            u = w.user
-            # the federation's own audit: this principal's admitted releases = the agent's booked releases
-            admitted = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
-            assert spend[u]["federation"]["releases"] == admitted == 2
-            assert s.reopen_ledger(u).summary() == spend[u]               # durable, read from the files
-            app = ray.get(s.app.messages.remote(u))
-            ext = ray.get(s.external.messages.remote(u))
-            assert len(app) == 2 and ext
-            for msgs in app:                                             # no private memory reached the app
-                assert not any(item in msgs[-1]["content"] for item in w.pair.stores["M"].items)
-            for msgs in ext:                                             # no clean context reached the provider
-                assert not any(t.context in msgs[-1]["content"] for t in w.tasks)
 
 
 class SlowAfterRelease(AgentClient):
@@ -112,47 +90,97 @@ def lost_charges(ledger, released_contexts: int, released_feds: int) -> list[str
     return problems
 
 
-def test_killed_agent_actor_loses_no_booked_charge(tmp_path, data, codec, projector, ray_local):
-    """Two agents are killed mid-task 1, after its context reached the external model: a correct
-    one (nothing lost) and a late-booking one (caught by the same test); a third goes on."""
-    import ray
+@pytest.fixture(scope="module")
+def actor_run(tmp_path_factory, data, codec, projector, ray_local):
+    """ONE actor session for the module: three correct agents (2 tasks each) and two agents
+    killed mid-task 1 (3 tasks each), after its context reached the external model: a correct
+    one (``SlowAfterRelease``: nothing may be lost) and a late-booking one (``LateBooking``:
+    caught by the same test). One federation service, gate, observers and projector for all."""
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the agent classes live in this file
-    worlds = make_world(3, 3, data, np.random.default_rng(2), codec=codec, context_tokens=128)
-    good, broken, bystander = (w.user for w in worlds)
-    with ActorSession(worlds, FCFG, data, ACFG, tmp_path, seed=4, projector=projector,
-                      agent_cls={good: SlowAfterRelease, broken: LateBooking}) as s:
+    worlds = make_world(5, 3, data, np.random.default_rng(1), codec=codec, context_tokens=128)
+    worlds = [dataclasses.replace(w, tasks=w.tasks[:2]) for w in worlds[:3]] + worlds[3:]
+    good, broken = worlds[3].user, worlds[4].user
+    s = ActorSession(worlds, FCFG, data, ACFG, tmp_path_factory.mktemp("actors"), seed=3, projector=projector,
+                     agent_cls={good: SlowAfterRelease, broken: LateBooking})
+    try:
         s.submit()
         flags = {u: s.ledger_paths[u].with_suffix(".released") for u in (good, broken)}
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300
         for u, flag in flags.items():
             while not flag.exists():
                 assert time.monotonic() < deadline, f"agent {u} never reached task 1"
                 time.sleep(0.05)
             ray.kill(s.actors[u], no_restart=True)                   # mid-task 1: the step never returns
         res = s.gather()
-        assert [r.task for r in res[bystander]] == [0, 1, 2]           # the other agent went on
-        audit = ray.get(s.fed.audit.remote())
-        problems = {}
-        for u in (good, broken):
-            assert s.dead[u]["task"] == 1 and sorted(s.dead[u]["lost_tasks"]) == [1, 2]
-            assert [r.task for r in res[u]] == [0]
-            feds = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
-            released = int(flags[u].read_text())
-            assert released == 2 and ray.get(s.external.count.remote(u)) > 0
-            problems[u] = lost_charges(s.reopen_ledger(u), released, feds)
+        yield {"session": s, "worlds": worlds, "results": res, "killed": (good, broken), "flags": flags,
+               "bystanders": [w.user for w in worlds[:3]]}
+    finally:
+        s.close()
+
+
+def test_actor_session_one_federation_bookings_match(actor_run):
+    import ray
+
+    s, res = actor_run["session"], actor_run["results"]
+    assert set(s.dead) == set(actor_run["killed"]) and not s.failed       # only the two killed on purpose
+    assert len(set(s.principals.values())) == 5                           # one principal per agent
+    users = actor_run["bystanders"]
+    assert all(len(res[u]) == 2 for u in users)
+    checks = s.call("check", 7)
+    assert set(checks) == set(users)
+    for u, c in checks.items():
+        assert c == {"federation": [], "memview": [], "brace": [], "dpmind": []}, (u, c)
+    spend = s.call("spend")
+    audit = ray.get(s.fed.audit.remote())
+    for w in actor_run["worlds"][:3]:
+        u = w.user
+        # the federation's own audit: this principal's admitted releases = the agent's booked releases
+        admitted = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
+        assert spend[u]["federation"]["releases"] == admitted == 2
+        assert s.reopen_ledger(u).summary() == spend[u]               # durable, read from the files
+        app = ray.get(s.app.messages.remote(u))
+        ext = ray.get(s.external.messages.remote(u))
+        assert len(app) == 2 and ext
+        for msgs in app:                                             # no private memory reached the app
+            assert not any(item in msgs[-1]["content"] for item in w.pair.stores["M"].items)
+        for msgs in ext:                                             # no clean context reached the provider
+            assert not any(t.context in msgs[-1]["content"] for t in w.tasks)
+
+
+def test_killed_agent_actor_loses_no_booked_charge(actor_run):
+    """Two agents were killed mid-task 1, after its context reached the external model: the
+    correct one lost nothing, the late-booking one is caught by the same test; the others went on."""
+    import ray
+
+    s, res = actor_run["session"], actor_run["results"]
+    good, broken = actor_run["killed"]
+    assert all([r.task for r in res[u]] == [0, 1] for u in actor_run["bystanders"])   # the others went on
+    audit = ray.get(s.fed.audit.remote())
+    problems = {}
+    for u in (good, broken):
+        assert s.dead[u]["task"] == 1 and sorted(s.dead[u]["lost_tasks"]) == [1, 2]
+        assert [r.task for r in res[u]] == [0]
+        feds = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
+        released = int(actor_run["flags"][u].read_text())
+        assert released == 2 and ray.get(s.external.count.remote(u)) > 0
+        problems[u] = lost_charges(s.reopen_ledger(u), released, feds)
     assert problems[good] == []
     assert problems[broken] and problems[broken][0].startswith("dpmind"), problems
 
 
-def test_ledgers_survive_sigkill_of_the_driver(tmp_path):
+def test_ledgers_survive_sigkill_of_the_driver(tmp_path, projector, ray_local, subprocess_env):
+    """A second driver (a subprocess joined to the session's Ray: the process boundary is what is
+    tested, not a Ray start) runs an actor session, prints its spend, and is SIGKILLed; every
+    ledger file reads back that spend. Ray then kills that driver's actors (its job died)."""
     from fedmem.agent.client import AgentLedger
     from fedmem.dp import DurableStore
 
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(out)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
+    gcs = ray_local.get_runtime_context().gcs_address
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(out), gcs, *PROJECTOR], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True, env=dict(subprocess_env))
     try:
         line = ""
         deadline = time.monotonic() + 150
