@@ -305,12 +305,18 @@ def _audit_value(cfg, ctx, book: _Book, noise: str, search_rows: list):
             den = float(pol.public_count)
             mech = pol._mechanism(mult)
             model = FB.model_for(noise, "fast", mech.sigma if noise == "gaussian" else mech.scale)
-            pos = FB.release_scores(v_in, x_in, x_out, den, model)
-            neg = FB.release_scores(v_out, x_in, x_out, den, model)
+            # one-sided reachability score: #coordinates NOT reachable from the neighbour's sum S_out (the
+            # same statistic in both worlds; the two-sided score of FB.release_scores also subtracts the
+            # count unreachable from S_in, which costs a second enumeration and is 0 in world D anyway)
+            def unreachable_from_out(v):
+                return (~FB.consistent(v.ravel(), np.broadcast_to(x_out, v.shape).ravel(), den, model)
+                        ).reshape(v.shape).sum(axis=1).astype(np.float64)
+
+            pos, neg = unreachable_from_out(v_in), unreachable_from_out(v_out)
             book.add(name, pos=pos, neg=neg, eps_booked=booked, booked_delta=booked_delta, family="pure",
                      eps_pair=math.inf, broken=broken, rng=ctx.rng("estimate", name), gdp_ok=False,
                      seconds=time.perf_counter() - t0, ks=ks,
-                     note=f"float-bit reachability score (Mironov 2012; fedmem.attacks.float_bits), diagonal "
+                     note=f"one-sided float-bit reachability score (Mironov 2012; fedmem.attacks.float_bits), diagonal "
                           f"placement, value_dim {dim}" + ks_note)
             continue
         pos = _lr_scores(v_in, s_in / pol.public_count, s_out / pol.public_count, noise)
