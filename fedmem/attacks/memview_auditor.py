@@ -308,6 +308,21 @@ def view_audit(events_m: Sequence, events_n: Sequence, attributes, splits, prefi
 
 
 # ------------------------------------------------------------------ intervals
+def _auc_u(pos, neg) -> float:
+    """:func:`fedmem.attacks.audit.roc_auc` of one bootstrap replicate, as the Mann-Whitney
+    ``U / (n_pos n_neg)`` from mid-ranks (ties count one half; the same statistic, agreeing to
+    float rounding, as ``auc_ci`` uses). sklearn's input validation cost ~80 ms a call, 90% of a
+    memview table run's time; this is ~50 us."""
+    from scipy.stats import rankdata
+
+    p = np.asarray(pos, dtype=np.float64)
+    n = np.asarray(neg, dtype=np.float64)
+    if p.ndim != 1 or n.ndim != 1 or not (p.size and n.size and np.isfinite(p).all() and np.isfinite(n).all()):
+        return roc_auc(p, n)          # its ValueError names the bad side
+    r = rankdata(np.concatenate([p, n]))
+    return float((r[:p.size].sum() - p.size * (p.size + 1) / 2.0) / (p.size * n.size))
+
+
 def macro_auc_ci(results: Sequence[AuditResult], alpha: float = 0.05, rng: np.random.Generator | None = None,
                  n_boot: int = 400) -> tuple[float, float, float]:
     """Seed-mean macro-AUC with a pair-level percentile-bootstrap ``1 - alpha`` interval
@@ -335,7 +350,7 @@ def macro_auc_ci(results: Sequence[AuditResult], alpha: float = 0.05, rng: np.ra
             raise ValueError("results must cover the same attributes and test pairs.")
 
     def stat(idx):
-        return float(np.mean([np.mean([roc_auc(r.pos_scores[a][idx[a]], r.neg_scores[a][idx[a]]) for a in attrs])
+        return float(np.mean([np.mean([_auc_u(r.pos_scores[a][idx[a]], r.neg_scores[a][idx[a]]) for a in attrs])
                               for r in results]))
 
     n = {a: len(results[0].pos_scores[a]) for a in attrs}
@@ -375,7 +390,7 @@ def paired_auc_difference(results_a: Sequence[AuditResult], results_b: Sequence[
             raise ValueError("results_a and results_b must cover the same attributes and test pairs.")
 
     def stat(rs, idx):
-        return np.mean([np.mean([roc_auc(r.pos_scores[a][idx[a]], r.neg_scores[a][idx[a]]) for a in attrs])
+        return np.mean([np.mean([_auc_u(r.pos_scores[a][idx[a]], r.neg_scores[a][idx[a]]) for a in attrs])
                         for r in rs])
 
     full = {a: np.arange(n[a]) for a in attrs}
