@@ -11,9 +11,11 @@ that the in-cluster mode only simulates the boundary.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -237,18 +239,6 @@ def _write_probe_info(sess, tmp, ray):
     os.chmod(tmp / "probe.json", 0o644)
 
 
-@pytest.fixture
-def agent_dir():
-    """A run folder the agents' uids can reach (pytest's base temp is 0700, and pytest resets it)."""
-    import shutil
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="fedmem-iso-", dir="/tmp"))
-    os.chmod(d, 0o711)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def codec():
     from fedmem.agent.dpmind import load_minilm
@@ -256,43 +246,146 @@ def codec():
     return load_minilm()[1]
 
 
-def test_isolated_agent_reaches_nothing_but_its_rpc(agent_dir, data, codec, ray_local):
+@pytest.fixture(scope="module")
+def projector(ray_local):
+    """One nearest-token search service for the module's sessions (it loads the MiniLM index once)."""
+    from fedmem.agent.federation_service import start_projector_service
+
+    h = start_projector_service()
+    yield h
+    ray_local.kill(h, no_restart=True)
+
+
+class SlowAfterRelease(AgentClient):
+    """Correct agent; after task 1's context reached the external model it signals and stalls
+    (the test SIGKILLs its OS process there, mid-task, before the step returns)."""
+
+    def _dpmind(self, task):
+        out = super()._dpmind(task)
+        if task.index == 1:
+            Path(self.ledger.store.path).with_suffix(".released").write_text(str(len(self.dpmind_sent)))
+            time.sleep(60)
+        return out
+
+
+class LateBooking(SlowAfterRelease):
+    """Broken: books the DP-MIND charge only after the context was sent."""
+
+    def _book_dpmind(self, task):
+        return f"task={task.index} ctx={len(self.dpmind_sent)}"
+
+    def _dpmind(self, task):
+        out = super()._dpmind(task)
+        AgentClient._book_dpmind(self, task)
+        return out
+
+
+@pytest.fixture(scope="module")
+def isolated_run(data, codec, projector, ray_local):
+    """ONE isolated session (one zygote, one federation service) for the module: two hostile
+    probe agents (2 tasks each) and two agents whose OS process is SIGKILLed mid-task 1, after
+    its context reached the external model: a correct one and a late-booking one (3 tasks each)."""
+    import shutil
+    import tempfile
+    import threading
+
     from fedmem.agent.session import make_world, open_session
 
+    out = Path(tempfile.mkdtemp(prefix="fedmem-iso-", dir="/tmp"))   # the agents' uids must reach it
+    os.chmod(out, 0o711)                                                # (pytest's base temp is 0700)
+    worlds = make_world(4, 3, data, np.random.default_rng(1), codec=codec, context_tokens=128)
+    worlds = [dataclasses.replace(w, tasks=w.tasks[:2]) for w in worlds[:2]] + worlds[2:]
+    probes, killed = [w.user for w in worlds[:2]], (worlds[2].user, worlds[3].user)
+    cls = {probes[0]: ProbeAgent, probes[1]: ProbeAgent, killed[0]: SlowAfterRelease, killed[1]: LateBooking}
+    try:
+        with open_session("isolated", worlds, FCFG, data, ACFG, out, seed=3, projector=projector,
+                          agent_cls=cls) as s:
+            s.submit()
+            got: dict = {}
+            th = threading.Thread(target=lambda: got.update(results=s.gather()), daemon=True)
+            th.start()
+            flags = {u: s.ledger_paths[u].with_suffix(".released") for u in killed}
+            deadline = time.monotonic() + 300
+            for u, flag in flags.items():
+                while not flag.exists():
+                    assert time.monotonic() < deadline, f"agent {u} never reached task 1"
+                    time.sleep(0.05)
+                s.kill_agent(u)                                 # SIGKILL mid-task 1: the step never returns
+            th.join(timeout=300)
+            assert not th.is_alive(), "the session did not notice the killed agents"
+            yield {"session": s, "out": out, "worlds": worlds, "results": got["results"], "probes": probes,
+                   "killed": killed, "flags": flags}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_isolated_agent_reaches_nothing_but_its_rpc(isolated_run, ray_local):
     ray = ray_local
-    out = agent_dir
-    worlds = make_world(2, 2, data, np.random.default_rng(1), codec=codec, context_tokens=128)
-    with open_session("isolated", worlds, FCFG, data, ACFG, out, seed=3, projectors=1, agent_cls=ProbeAgent) as s:
-        results = s.run()
-        assert not s.dead and not s.failed and all(len(r) == 2 for r in results.values())
-        assert s.enforced["own_process_outside_ray"]
-        assert s.enforced["own_uid"] == s.enforced["network_namespace"] == ROOT
-        _write_probe_info(s, out, ray)
-        checks = s.call("check", 7)
-        assert all(c == {"federation": [], "memview": [], "brace": [], "dpmind": []} for c in checks.values())
-        spend = s.call("spend")
-        audit = ray.get(s.fed.audit.remote())
-        for u, sp in spend.items():
-            admitted = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
-            assert sp["federation"]["releases"] == admitted == 2
-            p = sp["probe"]
-            assert p["ray_env"] == [] and not p["ray_actors"]["ok"]                  # no Ray in the agent
-            for k in ("operator_audit", "operator_ground_truth_many", "operator_spent_of", "operator_info",
-                      "forge_other_label", "forge_guessed_next", "forge_random"):
+    s, results, probes = isolated_run["session"], isolated_run["results"], isolated_run["probes"]
+    assert set(s.dead) == set(isolated_run["killed"]) and not s.failed     # only the two killed on purpose
+    assert all(len(results[u]) == 2 for u in probes)
+    assert s.enforced["own_process_outside_ray"]
+    assert s.enforced["own_uid"] == s.enforced["network_namespace"] == ROOT
+    _write_probe_info(s, isolated_run["out"], ray)
+    checks = s.call("check", 7)
+    assert set(checks) == set(probes)
+    assert all(c == {"federation": [], "memview": [], "brace": [], "dpmind": []} for c in checks.values())
+    spend = s.call("spend")
+    audit = ray.get(s.fed.audit.remote())
+    for u in probes:
+        sp = spend[u]
+        admitted = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
+        assert sp["federation"]["releases"] == admitted == 2
+        p = sp["probe"]
+        assert p["ray_env"] == [] and not p["ray_actors"]["ok"]                  # no Ray in the agent
+        for k in ("operator_audit", "operator_ground_truth_many", "operator_spent_of", "operator_info",
+                  "forge_other_label", "forge_guessed_next", "forge_random"):
+            assert not p[k]["ok"], (k, p[k])
+        assert p["spent_other_label"] == {"ok": True, "value": 0.0}               # reads nothing of another
+        assert p["forge_other_label"]["error"] == "SupportPrivacyViolation"
+        if ROOT:        # OS-enforced: other uid, empty network namespace, file permissions
+            assert p["uid"] >= 200000
+            for k in ("gcs_tcp", "raylet_socket", "raylet_fds", "read_fed_ledger", "edit_fed_ledger",
+                      "read_other_ledger", "signal_other_agent"):
                 assert not p[k]["ok"], (k, p[k])
-            assert p["spent_other_label"] == {"ok": True, "value": 0.0}               # reads nothing of another
-            assert p["forge_other_label"]["error"] == "SupportPrivacyViolation"
-            if ROOT:        # OS-enforced: other uid, empty network namespace, file permissions
-                assert p["uid"] >= 200000
-                for k in ("gcs_tcp", "raylet_socket", "raylet_fds", "read_fed_ledger", "edit_fed_ledger",
-                          "read_other_ledger", "signal_other_agent"):
-                    assert not p[k]["ok"], (k, p[k])
-            assert s.reopen_ledger(u).summary() == {k: v for k, v in sp.items() if k != "probe"}
-        assert ray.get(s.fed.stats.remote())["calls"] >= 4
-        assert len(s.reopen_ledger(worlds[0].user).federation_bookings()) == 2   # the federation ledger is intact
+        assert s.reopen_ledger(u).summary() == {k: v for k, v in sp.items() if k != "probe"}
+    assert ray.get(s.fed.stats.remote())["calls"] >= 4
+    assert len(s.reopen_ledger(probes[0]).federation_bookings()) == 2   # the federation ledger is intact
 
 
-def test_same_probe_from_an_in_cluster_agent_sees_the_cluster(tmp_path, data, codec, ray_local):
+def lost_charges(ledger, released_contexts: int, released_feds: int) -> list[str]:
+    """What left (contexts the external model got, admitted federation releases) but is not on disk."""
+    s = ledger.summary()
+    problems = []
+    if s["dpmind"]["contexts"] < released_contexts:
+        problems.append(f"dpmind: {released_contexts} contexts released, {s['dpmind']['contexts']} on disk")
+    if s["federation"]["releases"] < released_feds:
+        problems.append(f"federation: {released_feds} releases, {s['federation']['releases']} on disk")
+    return problems
+
+
+def test_killed_isolated_agent_loses_no_booked_charge(isolated_run, ray_local):
+    """SIGKILL of an isolated agent's OS process mid-task 1, after its context reached the external
+    model: every channel that left is booked on disk for the correct agent; the late-booking agent
+    (context sent before its booking) is caught by the same test; the other agents went on."""
+    ray = ray_local
+    s, res = isolated_run["session"], isolated_run["results"]
+    good, broken = isolated_run["killed"]
+    assert all([r.task for r in res[u]] == [0, 1] for u in isolated_run["probes"])
+    audit = ray.get(s.fed.audit.remote())
+    problems = {}
+    for u in (good, broken):
+        assert s.dead[u]["task"] == 1 and sorted(s.dead[u]["lost_tasks"]) == [1, 2], s.dead[u]
+        assert [r.task for r in res[u]] == [0]
+        feds = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
+        released = int(isolated_run["flags"][u].read_text())
+        assert released == 2 and feds == 2 and ray.get(s.external.count.remote(u)) > 0
+        problems[u] = lost_charges(s.reopen_ledger(u), released, feds)
+    assert problems[good] == []
+    assert problems[broken] and problems[broken][0].startswith("dpmind"), problems
+
+
+def test_same_probe_from_an_in_cluster_agent_sees_the_cluster(tmp_path, data, codec, projector, ray_local):
     """Companion: the in-cluster mode only simulates the boundary. The same probe, run from a
     Ray actor, lists the cluster's actors (so the isolated test above could have failed)."""
     from fedmem.agent.session import make_world, open_session
@@ -304,7 +397,7 @@ def test_same_probe_from_an_in_cluster_agent_sees_the_cluster(tmp_path, data, co
     ray = ray_local
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])       # ProbeAgent into the Ray workers
     worlds = make_world(2, 1, data, np.random.default_rng(1), codec=codec, context_tokens=128)
-    with open_session("cluster", worlds, FCFG, data, ACFG, tmp_path, seed=3, projectors=1,
+    with open_session("cluster", worlds, FCFG, data, ACFG, tmp_path, seed=3, projector=projector,
                       agent_cls=ProbeAgent) as s:
         s.run()
         _write_probe_info(s, tmp_path, ray)
