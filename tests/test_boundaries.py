@@ -197,6 +197,34 @@ def probe(agent) -> dict:
     other = [u for u in info["ledgers"] if u != agent.user][0]
     out["read_other_ledger"] = _attempt(lambda: len(open(info["ledgers"][other], "rb").read(16)))
     out["signal_other_agent"] = _attempt(lambda: os.kill(info["pids"][other], 0))
+
+    def import_unlisted():
+        """Agent code importing modules the zygote did not (not in PRELOAD), after the uid drop."""
+        import importlib
+        import importlib.machinery
+        import sys
+
+        from fedmem.agent.isolated import PRELOAD
+
+        names = ("colorsys", "json.tool", "netrc")
+        fresh = all(n not in sys.modules and n not in PRELOAD for n in names)
+        plain = importlib.machinery.PathFinder.find_spec("colorsys") is not None   # the interpreter's own finder
+        # companion: the same kind of import with the fallback taken out
+        fallback = [f for f in sys.meta_path if type(f).__name__ == "_DirFdFinder"]
+        for f in fallback:
+            sys.meta_path.remove(f)
+        try:
+            importlib.import_module("netrc")
+            without = "imported"
+        except ImportError:
+            without = "refused"
+        finally:
+            sys.meta_path.extend(fallback)
+        ok = (importlib.import_module("colorsys").rgb_to_hsv(1, 0, 0) == (0.0, 1.0, 1.0)
+              and callable(importlib.import_module("json.tool").main))
+        return f"fresh={fresh} plain_finder={plain} without_fallback={without} imported={ok}"
+
+    out["import_unlisted"] = _attempt(import_unlisted)
     fed = agent.federation
     rpc = getattr(fed, "_rpc", None) or getattr(fed, "_service", None)
     q = np.ones(FCFG.key_dim)
@@ -343,6 +371,12 @@ def test_isolated_agent_reaches_nothing_but_its_rpc(isolated_run, ray_local):
             assert not p[k]["ok"], (k, p[k])
         assert p["spent_other_label"] == {"ok": True, "value": 0.0}               # reads nothing of another
         assert p["forge_other_label"]["error"] == "SupportPrivacyViolation"
+        # a module missing from the zygote's PRELOAD does not break the agent: as root, the agent's
+        # uid cannot read the interpreter's files by path (plain_finder=False; with the fallback
+        # taken out the import is refused, so this check can fail) and the fallback imports it
+        without = "refused" if ROOT else "imported"
+        assert p["import_unlisted"] == {"ok": True, "value": f"fresh=True plain_finder={not ROOT} "
+                                                             f"without_fallback={without} imported=True"}, p
         if ROOT:        # OS-enforced: other uid, empty network namespace, file permissions
             assert p["uid"] >= 200000
             for k in ("gcs_tcp", "raylet_socket", "raylet_fds", "read_fed_ledger", "edit_fed_ledger",
