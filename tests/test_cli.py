@@ -1,4 +1,11 @@
-"""The ``fedmem`` CLI, run as a real subprocess (``python -m fedmem.cli``)."""
+"""The ``fedmem`` CLI.
+
+Most checks call ``fedmem.cli.main(argv)`` in-process (stdout, stderr, exit code, cwd and
+``COLUMNS`` as a process would see them): what they test is the command's output, not the
+process boundary, and each child Python costs seconds of imports. A real ``python -m
+fedmem.cli`` process is kept where the boundary is what is tested: the exit code and the absence
+of a traceback of an actual process (``--version``, a missing file, bad usage, a malformed
+scenario) and the signal handling of an interrupted run (SIGTERM/SIGINT)."""
 
 from __future__ import annotations
 
@@ -15,11 +22,44 @@ REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "scenarios" / "dp_demo.toml"
 
 
-def fedmem(*args, timeout=300, columns="200", cwd=REPO) -> subprocess.CompletedProcess:
+def fedmem_process(*args, timeout=300, columns="200", cwd=REPO) -> subprocess.CompletedProcess:
+    """A real ``python -m fedmem.cli`` process (for the checks of the process boundary)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", COLUMNS=columns)
     env.pop("FEDMEM_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "fedmem.cli", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def fedmem(*args, timeout=None, columns="200", cwd=REPO) -> subprocess.CompletedProcess:
+    """``fedmem.cli.main(argv)`` in this process, answered like :func:`fedmem_process`: exit code
+    (argparse's ``SystemExit`` included), captured stdout and stderr, run from ``cwd`` with
+    ``COLUMNS`` set and ``FEDMEM_DEBUG`` unset; everything restored afterwards."""
+    import contextlib
+    import io
+
+    from fedmem import cli
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    saved_env = {k: os.environ.get(k) for k in ("COLUMNS", "FEDMEM_DEBUG")}
+    saved_cwd = os.getcwd()
+    os.environ["COLUMNS"] = columns
+    os.environ.pop("FEDMEM_DEBUG", None)
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main(argv)
+            except SystemExit as exc:
+                rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.chdir(saved_cwd)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["fedmem", *argv], rc, out.getvalue(), err.getvalue())
 
 
 fedmem_cli = fedmem  # the name used where `fedmem` (the package) is imported too
@@ -128,7 +168,7 @@ def test_invalid_scenario_lists_every_problem_once(tmp_path):
 def test_malformed_scenario_exit_2_no_traceback(tmp_path, content, message):
     f = tmp_path / "s.toml"
     f.write_text(content)
-    res = fedmem("run", f)
+    res = fedmem_process("run", f)
     assert res.returncode == 2, res.stderr
     assert message in res.stderr and str(f) in res.stderr
     assert "Traceback" not in res.stderr
@@ -136,9 +176,9 @@ def test_malformed_scenario_exit_2_no_traceback(tmp_path, content, message):
 
 
 def test_missing_file_and_bad_usage_exit_2(tmp_path):
-    res = fedmem("run", tmp_path / "nope.toml")
+    res = fedmem_process("run", tmp_path / "nope.toml")
     assert res.returncode == 2 and "no such file" in res.stderr and "Traceback" not in res.stderr
-    res = fedmem("frobnicate")
+    res = fedmem_process("frobnicate")
     assert res.returncode == 2 and "Traceback" not in res.stderr
 
 
@@ -150,7 +190,7 @@ def test_version_matches_pyproject():
 
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert fedmem.__version__ == declared
-    res = fedmem_cli("--version")
+    res = fedmem_process("--version")
     assert res.returncode == 0 and res.stdout.strip() == f"fedmem {declared}"
     assert (REPO / "fedmem" / "py.typed").is_file()
 
@@ -169,11 +209,12 @@ def test_results_json_has_provenance_end_to_end(demo_runs):
 
 
 # ------------------------------------------------------------------ --out and --resume
-def test_non_empty_out_is_refused_unless_resume(tmp_path):
+def test_non_empty_out_is_refused_unless_resume(demo_runs, tmp_path):
+    import shutil
+
     out = tmp_path / "run"
-    first = fedmem_cli("run", DEMO, "--out", out, "--json")
-    assert first.returncode == 0, first.stderr
-    m = json.loads(first.stdout)["metrics"]
+    shutil.copytree(demo_runs[0][0], out)       # a completed run of DEMO (the module's), not re-run here
+    m = demo_runs[0][1]["metrics"]
     assert (m["released"], m["refused"]) == (13, 1)     # PLD: 13 releases fit (RDP: 11)
     ledger = (out / "ledger.sqlite").read_bytes()
 
