@@ -248,6 +248,16 @@ class CascadeProjector:
        AMX/AVX512-BF16's behaviour; tests compare with :meth:`exhaustive`).
        ``fallbacks`` / ``projected`` count the queries that needed step 3's re-rank.
 
+    ``matmul`` says how the candidate product is computed: ``"bfloat16"`` (a bfloat16
+    matrix product), ``"float32"`` (the same bfloat16-rounded operands multiplied in
+    float32, the result rounded to bfloat16) or ``"auto"`` (bfloat16 when the CPU has
+    bfloat16 matrix units, see :func:`native_bfloat16`, else float32). Both follow the
+    error model above (a product of two bfloat16 values is exact in float32, the sum
+    accumulates in float32, the output is rounded to bfloat16), so the certificate and
+    the certified output are the same; without AVX512-BF16/AMX, torch emulates the
+    bfloat16 product about 13x slower than float32 (measured on an AVX2-only CPU, see
+    docs/dpmind.md), which is what ``"auto"`` avoids.
+
     ``certify=False`` skips step 3 (the pre-certificate cascade): the answer is exact
     only when the true nearest token survives the candidate pass (measured recall@1 in
     ``scripts/bench_dpmind.py``). With ``probe`` equal to the number of groups and
@@ -260,12 +270,15 @@ class CascadeProjector:
     name = "cascade"
 
     def __init__(self, table: TokenTable, *, candidates: int = 8, group: int = 16, probe: int = 2,
-                 block: int = 256, threads: int | None = None, certify: bool = True):
+                 block: int = 256, threads: int | None = None, certify: bool = True, matmul: str = "auto"):
         torch = _torch()
         self.table = table
         if not isinstance(certify, bool):
             raise ValueError(f"certify must be a bool. Found {certify!r}.")
         self.certify = certify
+        if matmul not in MATMULS:
+            raise ValueError(f"matmul must be one of {list(MATMULS)}. Found {matmul!r}.")
+        self.matmul = ("bfloat16" if native_bfloat16() else "float32") if matmul == "auto" else matmul
         self.fallbacks = 0   # queries whose certificate failed and that were searched exhaustively
         self.projected = 0   # queries projected so far
         self.threads = None if threads is None else V.positive_int("threads", threads)
@@ -292,6 +305,8 @@ class CascadeProjector:
         aug[:n, d] = sq
         aug[n:, d] = 1e4
         self._aug_t = torch.from_numpy(aug).to(torch.bfloat16).T.contiguous()  # (D, padded)
+        # The operand of the product: the bfloat16 table itself, or its exact float32 copy.
+        self._aug_mm = self._aug_t if self.matmul == "bfloat16" else self._aug_t.to(torch.float32)
         mat_p = np.zeros((padded, d), dtype=np.float64)
         mat_p[:n] = mat
         sq_p = np.full(padded, np.inf)
@@ -318,7 +333,7 @@ class CascadeProjector:
         x = torch.from_numpy(_points(self.table, points))
         out = torch.empty(x.shape[0], dtype=torch.int64)
         with torch_threads(self.threads):
-            xa = torch.zeros(min(self.block, max(x.shape[0], 1)), self._dim_aug, dtype=torch.bfloat16)
+            xa = torch.zeros(min(self.block, max(x.shape[0], 1)), self._dim_aug, dtype=self._aug_mm.dtype)
             xa[:, self.table.dim] = 1.0
             for s in range(0, x.shape[0], self.block):
                 xb = x[s:s + self.block]
@@ -335,29 +350,24 @@ class CascadeProjector:
         x = torch.from_numpy(_points(self.table, points))
         x64 = x.to(torch.float64)
         best = torch.full((x.shape[0],), float("inf"), dtype=torch.float64)
-        arg = torch.zeros(x.shape[0], dtype=torch.int64)
+        big = torch.iinfo(torch.int64).max
+        ids = torch.full((x.shape[0],), big, dtype=torch.int64)
         step = 4096
-        for c in range(0, self._mat.shape[0], step):  # table rows in ascending column order
+        for c in range(0, self._mat.shape[0], step):  # one pass; padding columns score +inf
             sc = self._sq[c:c + step] - 2.0 * (x64 @ self._mat[c:c + step].to(torch.float64).T)
-            mn, am = sc.min(1)
-            better = mn < best
-            best = torch.where(better, mn, best)
-            arg = torch.where(better, am + c, arg)
-        # Columns are ordered by group, not by id: resolve exact ties by the lowest token id.
-        ids = self._ids[arg]
-        for c in range(0, self._mat.shape[0], step):
-            sc = self._sq[c:c + step] - 2.0 * (x64 @ self._mat[c:c + step].to(torch.float64).T)
-            tie = sc == best[:, None]
-            if tie.any():
-                cand = torch.where(tie, self._ids[c:c + step][None, :], torch.iinfo(torch.int64).max).amin(1)
-                ids = torch.minimum(ids, cand)
+            mn = sc.min(1).values
+            # Columns are ordered by group, not by id: the lowest token id among this slice's ties,
+            # merged with the best so far (strictly better replaces, an exact tie keeps the lower id).
+            cand = torch.where(sc == mn[:, None], self._ids[c:c + step][None, :], big).amin(1)
+            ids = torch.where(mn < best, cand, torch.where(mn == best, torch.minimum(ids, cand), ids))
+            best = torch.minimum(best, mn)
         return ids.numpy()
 
     def _project_block(self, xb, xa):
         torch = _torch()
         b, d, g, G = xb.shape[0], self.table.dim, self.group, self.n_groups
-        xa[:, :d] = xb * -2.0
-        sc = torch.mm(xa, self._aug_t)                                     # (b, padded) bfloat16 scores
+        xa[:, :d] = (xb * -2.0).to(torch.bfloat16)                         # a~: -2x rounded to bfloat16
+        sc = torch.mm(xa, self._aug_mm).to(torch.bfloat16)                 # (b, padded) bfloat16 scores
         gmin = sc.view(b, g, G).amin(1)                                    # (b, G) group minima
         certify = self.certify
         if certify and self.probe < G:
@@ -421,6 +431,24 @@ class CascadeProjector:
             tid = torch.where(ex == rmin[row], self._ids[col], big)
             result[bad] = torch.full((k,), big, dtype=torch.int64).scatter_reduce(0, row, tid, "amin")
         return result
+
+
+MATMULS = ("auto", "bfloat16", "float32")
+
+
+@functools.lru_cache(maxsize=1)
+def native_bfloat16() -> bool:
+    """Whether the CPU multiplies bfloat16 in hardware (x86 AVX512-BF16 or AMX-BF16, Arm BF16).
+
+    Read from the CPU flags in ``/proc/cpuinfo``; where that file does not exist (not
+    Linux) the answer is True, the cascade's behaviour before ``matmul`` existed.
+    """
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            words = set(fh.read().split())
+    except OSError:
+        return True
+    return bool(words & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def naive_project(table: TokenTable, points) -> np.ndarray:
