@@ -332,6 +332,15 @@ class Aggregator:
             raise TypeError(f"policy must be a ReleasePolicy. Found {type(policy).__name__}.")
         self.policy = policy
         self.plan = policy.plan()
+        # Mechanisms (frozen parameter records) and grids built from PUBLIC configuration only, made on
+        # first use and reused by every release (a noised denominator's mechanism is never cached).
+        self._public: dict = {}
+
+    def _cached(self, key, make):
+        got = self._public.get(key)
+        if got is None:
+            got = self._public[key] = make()
+        return got
 
     def _grid(self, public_mech) -> dict:
         """Secure sampling's grid, always from a noise scale that is public configuration."""
@@ -364,8 +373,9 @@ class Aggregator:
         elif p.receipts == "noised":
             if tallies is None:
                 raise ValueError("tallies must be revealed for receipts='noised'. Found None.")
-            rm = p.receipt_mechanism()
-            receipts = rm.release(np.asarray(tallies, dtype=np.float64), rng, sampling=p.sampling, **self._grid(rm))
+            rm = self._cached("receipts", p.receipt_mechanism)
+            receipts = rm.release(np.asarray(tallies, dtype=np.float64), rng, sampling=p.sampling,
+                                  **self._cached("receipts_grid", lambda: self._grid(rm)))
             released_count = float(receipts.sum())
         elif p.receipts == "expose":
             if tallies is None:
@@ -380,14 +390,15 @@ class Aggregator:
             denom = float(max(1, n))
         if p.calibration == "realized":
             # noise on the sum, calibrated to the denominator actually applied
-            mech = p._mechanism(p.sigma)
-            value = mech.release(total, rng, sampling=p.sampling, **self._grid(mech)) / denom
+            mech = self._cached("sum", lambda: p._mechanism(p.sigma))
+            value = mech.release(total, rng, sampling=p.sampling,
+                                 **self._cached("sum_grid", lambda: self._grid(mech))) / denom
             eff = p.sigma
         else:
             # noise std sigma * Delta / n_bound on the mean S / D: multiplier sigma * D / n_bound delivered
             eff = p.sigma * denom / p.n_bound
             mech = p._mechanism(eff, denom)
             value = mech.release(total / denom, rng, sampling=p.sampling,
-                                 **self._grid(p._mechanism(p.sigma, p.n_bound)))
+                                 **self._cached("global_grid", lambda: self._grid(p._mechanism(p.sigma, p.n_bound))))
         return Release(value=value, count=released_count, receipts=receipts, plan=plan, realized_n=n,
                        denominator=denom, effective_noise_multiplier=eff)
