@@ -296,11 +296,15 @@ def test_cascade_recall_against_exact_at_scenario_epsilons(minilm, exact, cascad
     """bfloat16 candidates + exact re-rank: recall@1 >= 0.99 against exact where the NIAH curve moves.
 
     Post-processing of the noisy embedding, so privacy is unchanged; recall is utility.
+    Sized by power (issue 22): 1,000 tokens per epsilon; a projector whose true recall is
+    0.98 passes one epsilon (>= 990 hits) with probability P(Bin(1000, 0.98) >= 990) ~ 0.012,
+    so the check has power ~0.99 against recall 0.98 at each epsilon. The scale measurement
+    (recall@1 on 2,048-200,000 tokens) is ``scripts/bench_dpmind.py`` (docs/dpmind.md).
     """
     table, codec = minilm
-    ids = codec.encode(" ".join(["the committee tests a risky bet while the rest of the field waits for news"] * 200)
-                       + " one of the special magic numbers for fluffy-chair is: 4821937.")[:3000]
-    assert ids.size == 3000
+    ids = codec.encode(" ".join(["the committee tests a risky bet while the rest of the field waits for news"] * 70)
+                       + " one of the special magic numbers for fluffy-chair is: 4821937.")[-1000:]
+    assert ids.size == 1000
     for eps in (50.0, 100.0, 200.0):
         pert = TokenPerturber(MetricLaplace(eps, 384), table, exact)
         pts = pert.noisy_embeddings(ids, np.random.default_rng(int(eps) + 7))
@@ -329,7 +333,17 @@ def _noisy_points(table, eps, n, seed):
     return (table.matrix[ids].astype(np.float64) + MetricLaplace(eps, 384).sample(rng, n)).astype(np.float32)
 
 
-def test_certified_cascade_equals_float64_exhaustive_and_uses_its_fallback(minilm):
+@pytest.fixture(scope="module")
+def eps50_points(minilm):
+    """400 noisy points at epsilon 50 and their float64 exhaustive nearest tokens, computed
+    once for the certified test and its broken companion (the reference does not depend
+    on the cascade's parameters: it is the float64 argmin over the whole output set)."""
+    table, _ = minilm
+    pts = _noisy_points(table, 50.0, 400, 1)
+    return pts, CascadeProjector(table, threads=1).exhaustive(pts)
+
+
+def test_certified_cascade_equals_float64_exhaustive_and_uses_its_fallback(minilm, eps50_points):
     """The certificate makes the default cascade exact: equal to the float64 argmin on every point.
 
     At epsilon 50 (queries far from every token, many near-ties in bfloat16) the probe's
@@ -338,13 +352,14 @@ def test_certified_cascade_equals_float64_exhaustive_and_uses_its_fallback(minil
     table, _ = minilm
     proj = CascadeProjector(table, threads=1)
     assert proj.certify
-    for eps, seed in ((50.0, 1), (100.0, 2)):
-        pts = _noisy_points(table, eps, 400, seed)
-        np.testing.assert_array_equal(proj.project(pts), proj.exhaustive(pts))
+    pts, ref = eps50_points
+    np.testing.assert_array_equal(proj.project(pts), ref)
+    pts = _noisy_points(table, 100.0, 400, 2)
+    np.testing.assert_array_equal(proj.project(pts), proj.exhaustive(pts))
     assert 0 < proj.fallbacks < proj.projected
 
 
-def test_certificate_with_a_broken_bound_is_caught(minilm):
+def test_certificate_with_a_broken_bound_is_caught(minilm, eps50_points):
     """Broken variant: an error bound that is too small (here slightly negative, so exact
     bfloat16 ties no longer trigger the re-rank) with one candidate lets wrong answers through.
 
@@ -355,11 +370,29 @@ def test_certificate_with_a_broken_bound_is_caught(minilm):
     broken = CascadeProjector(table, probe=1, candidates=1, threads=1)
     broken._max_e = broken._max_de = broken._gamma = broken._u_out = 0.0
     broken._max_dsq = -1e-6
-    pts = _noisy_points(table, 50.0, 400, 1)
-    ref = broken.exhaustive(pts)
+    pts, ref = eps50_points
     assert np.mean(broken.project(pts) != ref) > 0.005
     good = CascadeProjector(table, probe=1, candidates=1, threads=1)
     np.testing.assert_array_equal(good.project(pts), ref)
+
+
+def test_float32_product_equals_the_bfloat16_product_and_needs_a_valid_mode(minilm, eps50_points):
+    """The float32 path (bfloat16-rounded operands, float32 product, scores rounded to
+    bfloat16; "auto" on CPUs without bfloat16 units) and the bfloat16 product give the same
+    certified answer and use the re-rank on the same points. 32 points at epsilon 50 (one
+    block: the emulated bfloat16 product is slow on AVX2-only CPUs)."""
+    table, _ = minilm
+    pts, ref = eps50_points
+    pts, ref = pts[:32], ref[:32]
+    f32 = CascadeProjector(table, threads=1, matmul="float32")
+    bf16 = CascadeProjector(table, threads=1, matmul="bfloat16")
+    assert f32._aug_mm.dtype != bf16._aug_mm.dtype
+    np.testing.assert_array_equal(f32.project(pts), ref)
+    np.testing.assert_array_equal(bf16.project(pts), ref)
+    assert f32.fallbacks > 0 and bf16.fallbacks > 0
+    assert CascadeProjector(table, threads=1).matmul in ("bfloat16", "float32")
+    with pytest.raises(ValueError, match="matmul must be one of .* Found 'fp16'"):
+        CascadeProjector(table, matmul="fp16")
 
 
 def test_uncertified_cascade_is_the_old_heuristic(minilm, exact):
