@@ -38,8 +38,8 @@ C = dp_accounting.ComposedDpEvent
 DELTA = 1e-6
 
 
-def reference(kind: str, events, delta: float = DELTA) -> float:
-    acc = rdp.RdpAccountant() if kind == "rdp" else pld.PLDAccountant(value_discretization_interval=1e-4)
+def reference(kind: str, events, delta: float = DELTA, pld_discretization: float = 1e-4) -> float:
+    acc = rdp.RdpAccountant() if kind == "rdp" else pld.PLDAccountant(value_discretization_interval=pld_discretization)
     for e in events:
         acc.compose(e)
     return float(acc.get_epsilon(delta))
@@ -322,13 +322,18 @@ def test_calibrated_gaussian_books_its_target_in_pld():
        gauss=st.lists(st.floats(0.5, 20.0), max_size=3), repeat=st.integers(1, 40))
 def test_em_zcdp_never_looser_than_basic_composition(kind, em_eps, gauss, repeat):
     """Reported epsilon <= basic composition (EM epsilons summed + the rest by dp-accounting),
-    and equals the smaller of that and the all-RDP composition with EM as zCDP."""
-    acc = Accountant(kind)
+    and equals the smaller of that and the all-RDP composition with EM as zCDP.
+
+    The rule compares whatever the backend reports, so the PLD side runs at a 10x coarser
+    discretization (1e-3, the same for the accountant and its reference): the property does
+    not depend on the grid, and the default 1e-4 made this the slowest test of the suite."""
+    disc = 1e-3
+    acc = Accountant(kind, pld_discretization=disc)
     for nm in gauss:
         acc.book(G(nm))
     for e in em_eps:
         acc.book(SC(ExponentialMechanism(e, 1.0).event(), repeat))
-    basic = (reference(kind, [G(nm) for nm in gauss]) if gauss else 0.0) + float(
+    basic = (reference(kind, [G(nm) for nm in gauss], pld_discretization=disc) if gauss else 0.0) + float(
         sum(Fraction(e) for e in em_eps) * repeat)
     zcdp = reference("rdp", [G(nm) for nm in gauss] + [SC(dp_accounting.ZCDpEvent(em_rho(e)), repeat)
                                                        for e in em_eps])
