@@ -61,10 +61,10 @@ def test_generator_rejects_bad_values(minilm):
         ExtractiveMemoryAgent(hops=0)
 
 
-def _far_apart(codec, chain_type, chunk_tokens, seed0=0):
+def _far_apart(codec, chain_type, chunk_tokens, length=1500, seed0=0):
     """A seeded sample whose two gold facts fall in different chunks, neither cut by a chunk boundary."""
     for seed in range(seed0, seed0 + 50):
-        s = make_multihop_sample(3000, chain_type=chain_type, rng=np.random.default_rng(seed),
+        s = make_multihop_sample(length, chain_type=chain_type, rng=np.random.default_rng(seed),
                                  count_tokens=_count(codec))
         i, j = s.questions[0].fact_positions
         start = np.concatenate([[0], np.cumsum([codec.encode(x).size for x in s.sentences])])
@@ -79,12 +79,14 @@ def test_memory_joins_facts_across_chunks_and_chunk_only_cannot(minilm, chain_ty
     """Clean-ish context (epsilon 5000 leaves every token): the 2-hop memory agent answers,
     chunk-only (no propagation) and a 1-hop agent do not. This is what the multihop task
     measures; if the generator put both facts in one chunk, or the agent ignored the
-    bridge, this test fails."""
+    bridge, this test fails. Issue 22: 1,500 tokens in 5 chunks of 300 (was 3,000 in 8 of
+    400): the property needs the two facts two or more chunks apart, not a long context;
+    the scenario-scale run is ``fedmem run scenarios/dpmind_multihop.toml`` (docs/dpmind.md)."""
     table, codec = minilm
     proj = cached_projector(table, "cascade", threads=1)
-    s = _far_apart(codec, chain_type, 400)
+    s = _far_apart(codec, chain_type, 300)
     q = s.questions[0]
-    c = DPMindClient(TokenPerturber(MetricLaplace(5000.0, 384), table, proj), codec, chunk_tokens=400)
+    c = DPMindClient(TokenPerturber(MetricLaplace(5000.0, 384), table, proj), codec, chunk_tokens=300)
     c.ingest(sentence_stream(s, 40), np.random.default_rng(1))
     assert c.local_stats()["unchanged_fraction"] == 1.0
     two = ExtractiveMemoryAgent(hops=2)
