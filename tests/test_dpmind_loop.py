@@ -220,12 +220,12 @@ def test_scenario_runs_shrunk(tmp_path):
 
     payload, result, out = run_scenario(
         "scenarios/dpmind_niah.toml",
-        ["niah.lengths=[1200]", "niah.samples=1", "niah.variants=['essay_numeric']",
+        ["niah.lengths=[800]", "niah.samples=1", "niah.variants=['essay_numeric']",
          "niah.tasks=['single', 'multi_query']", "niah.n_keys=2", "privacy.epsilons=[90.0, 3000.0]",
-         "loop.chunk_tokens=400"],
+         "loop.chunk_tokens=300", "stats.bootstrap=200"],
         out=tmp_path, show_progress=False)
     m = payload["metrics"]
-    assert m["subem"]["memory+denoise@eps=3000.0@L=1200"] == 100.0
+    assert m["subem"]["memory+denoise@eps=3000.0@L=800"] == 100.0
     assert m["unchanged_token_fraction"]["90.0"] < m["unchanged_token_fraction"]["3000.0"]
     assert (tmp_path / "niah_subem_vs_epsilon.png").is_file()
     json.loads((tmp_path / "results.json").read_text())

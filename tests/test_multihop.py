@@ -114,13 +114,13 @@ def test_scenario_multihop_mode_runs_shrunk_with_intervals(tmp_path):
 
     payload, _, _ = run_scenario(
         "scenarios/dpmind_multihop.toml",
-        ["multihop.lengths=[900]", "multihop.samples=2", "multihop.types=['employer_hq', 'spouse_birth']",
-         "multihop.n_chains=3", "privacy.epsilons=[3000.0]", "loop.chunk_tokens=300", "stats.bootstrap=200"],
+        ["multihop.lengths=[600]", "multihop.samples=2", "multihop.types=['employer_hq', 'spouse_birth']",
+         "multihop.n_chains=3", "privacy.epsilons=[3000.0]", "loop.chunk_tokens=200", "stats.bootstrap=200"],
         out=tmp_path, show_progress=False)
     m = payload["metrics"]
     assert m["benchmark"] == "multihop" and m["haystacks_per_setting"] == 4
-    iv = m["intervals"]["memory+denoise@eps=3000.0@L=900"]
+    iv = m["intervals"]["memory+denoise@eps=3000.0@L=600"]
     assert iv["n_haystacks"] == 4 and iv["subem_ci_method"] == "CP"
     assert iv["subem_ci"][0] <= iv["subem"] <= iv["subem_ci"][1]
-    assert m["subem"]["memory+denoise@eps=3000.0@L=900"] == 100.0
+    assert m["subem"]["memory+denoise@eps=3000.0@L=600"] == 100.0
     assert (tmp_path / "multihop_subem_vs_epsilon.png").is_file()
