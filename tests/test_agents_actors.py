@@ -226,27 +226,44 @@ def test_bad_agent_configuration_names_file_and_key(override, key):
     assert key in str(info.value) and "agents_session.toml" in str(info.value)
 
 
-def _leaky_cls():
-    """Broken service: books the release as usual but hands back the exact selected mean."""
-    import dataclasses
+class LeakyProxy:
+    """Broken service (a Ray actor in front of a real ``FederationService``): the release is booked
+    as usual (by the service behind it) but the exact selected mean is handed back."""
 
-    from fedmem.agent.federation_service import FederationService
+    def __init__(self, service):
+        self._s = service
 
-    class Leaky(FederationService):
-        def retrieve(self, principal, q, family=None, retry_of=None):
-            r = super().retrieve(principal, q, family, retry_of)
-            if isinstance(r, tuple):
-                return r
-            t = self.fed.ground_truth(np.asarray(q, dtype=np.float64))
-            return dataclasses.replace(r, value=np.asarray(t.sum, float) / max(int(t.count), 1))
+    def connect(self):
+        import ray
 
-    return Leaky
+        return ray.get(self._s.connect.remote())
+
+    def retrieve(self, principal, q, family=None, retry_of=None):
+        import ray
+
+        r = ray.get(self._s.retrieve.remote(principal, q, family, retry_of))
+        if isinstance(r, tuple):
+            return r
+        t = ray.get(self._s.ground_truth_many.remote(np.asarray(q, dtype=np.float64)[None]))[0]
+        return dataclasses.replace(r, value=np.asarray(t.sum, float) / max(int(t.count), 1))
+
+    def principal_spent(self, principal):
+        import ray
+
+        return ray.get(self._s.principal_spent.remote(principal))
+
+    def ground_truth_many(self, qs):
+        import ray
+
+        return ray.get(self._s.ground_truth_many.remote(qs))
 
 
 def test_peer_game_within_booked_epsilon_and_catches_a_leaky_federation(tmp_path, data, ray_local):
     """The curious peer's game: against the real federation no ROC point is provably above the
     booked epsilon's DP ceiling; against one that books the same but releases the exact mean,
-    the same game finds such points."""
+    the same game finds such points. The leaky variant is a proxy in front of the same two
+    services (one federation per world, not four): each trial has a fresh principal, so the
+    games do not share a per-principal budget."""
     import ray.cloudpickle
 
     from fedmem.agent.adversaries import federation_games, pick_target
@@ -255,16 +272,18 @@ def test_peer_game_within_booked_epsilon_and_catches_a_leaky_federation(tmp_path
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     target = pick_target(data, np.random.default_rng(3))
+    svc = start_federation_service(FCFG, data, tmp_path / "with.sqlite", seed=1)
+    nb = start_federation_service(FCFG, without_record(data, target[0], target[1]), tmp_path / "without.sqlite",
+                                  seed=2)
+    proxy = ray_local.remote(num_cpus=0, max_restarts=0)(LeakyProxy)
+    leaky_svc, leaky_nb = proxy.remote(svc), proxy.remote(nb)
     out = {}
-    for name, cls in (("real", None), ("leaky", _leaky_cls())):
-        svc = start_federation_service(FCFG, data, tmp_path / f"{name}.sqlite", seed=1, cls=cls)
-        nb = start_federation_service(FCFG, without_record(data, target[0], target[1]),
-                                      tmp_path / f"{name}_n.sqlite", seed=2, cls=cls)
-        try:
-            out[name] = federation_games(svc, nb, target, 60, np.random.default_rng(9), delta=FCFG.delta)["peer"]
-        finally:
-            ray_local.kill(svc, no_restart=True)
-            ray_local.kill(nb, no_restart=True)
+    try:
+        for name, pair in (("real", (svc, nb)), ("leaky", (leaky_svc, leaky_nb))):
+            out[name] = federation_games(*pair, target, 60, np.random.default_rng(9), delta=FCFG.delta)["peer"]
+    finally:
+        for h in (leaky_svc, leaky_nb, svc, nb):
+            ray_local.kill(h, no_restart=True)
     real, leaky = out["real"], out["leaky"]
     assert real["queries_whose_selection_changes"] >= 30          # the target matters to these queries
     assert real["defended"]["ceiling_violations"] == 0
