@@ -419,13 +419,20 @@ def straddle_setting():
     return D, Dp, p
 
 
-def _straddle_recalls(X, p, seed, n=2000):
+# Sizes by power (issue 22): each broken variant must exceed epsilon = 2. grid_from_sigma on the straddle
+# banks is a certain distinguisher (outputs on disjoint grids): its bound depends only on n and alpha,
+# 2.75 at n = 500, 3.49 at 1000; raw_count on the jump banks: 4.15 at n = 1000, 4.75 at 2000. n = 1000
+# for both (was 2000): margins 1.5 and 2.1 over the claim.
+SECURE_N = 1000
+
+
+def _straddle_recalls(X, p, seed, n=SECURE_N):
     """``n`` recalls through the agent path (:class:`BraceMemory`, secure sampling)."""
     mem = BraceMemory(X, p, Accountant("rdp"), np.random.default_rng(seed), sampling="secure")
     return np.array([mem.recall(np.zeros(1))[0] for _ in range(n)])
 
 
-def _jump_secure(X, p, certificate, seed, n=2000):
+def _jump_secure(X, p, certificate, seed, n=SECURE_N):
     """``n`` secure trajectories batched through ``brace_run`` (what ``recall`` runs)."""
     run = brace_run(X, np.zeros((n, 1)), p, NoiseSource(rng=np.random.default_rng(seed), sampling="secure"),
                     certificate=certificate)
