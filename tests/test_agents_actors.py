@@ -90,86 +90,6 @@ def lost_charges(ledger, released_contexts: int, released_feds: int) -> list[str
     return problems
 
 
-@pytest.fixture(scope="module")
-def actor_run(tmp_path_factory, data, codec, projector, ray_local):
-    """ONE actor session for the module: three correct agents (2 tasks each) and two agents
-    killed mid-task 1 (3 tasks each), after its context reached the external model: a correct
-    one (``SlowAfterRelease``: nothing may be lost) and a late-booking one (``LateBooking``:
-    caught by the same test). One federation service, gate, observers and projector for all."""
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the agent classes live in this file
-    worlds = make_world(5, 3, data, np.random.default_rng(1), codec=codec, context_tokens=128)
-    worlds = [dataclasses.replace(w, tasks=w.tasks[:2]) for w in worlds[:3]] + worlds[3:]
-    good, broken = worlds[3].user, worlds[4].user
-    s = ActorSession(worlds, FCFG, data, ACFG, tmp_path_factory.mktemp("actors"), seed=3, projector=projector,
-                     agent_cls={good: SlowAfterRelease, broken: LateBooking})
-    try:
-        s.submit()
-        flags = {u: s.ledger_paths[u].with_suffix(".released") for u in (good, broken)}
-        deadline = time.monotonic() + 300
-        for u, flag in flags.items():
-            while not flag.exists():
-                assert time.monotonic() < deadline, f"agent {u} never reached task 1"
-                time.sleep(0.05)
-            ray.kill(s.actors[u], no_restart=True)                   # mid-task 1: the step never returns
-        res = s.gather()
-        yield {"session": s, "worlds": worlds, "results": res, "killed": (good, broken), "flags": flags,
-               "bystanders": [w.user for w in worlds[:3]]}
-    finally:
-        s.close()
-
-
-def test_actor_session_one_federation_bookings_match(actor_run):
-    import ray
-
-    s, res = actor_run["session"], actor_run["results"]
-    assert set(s.dead) == set(actor_run["killed"]) and not s.failed       # only the two killed on purpose
-    assert len(set(s.principals.values())) == 5                           # one principal per agent
-    users = actor_run["bystanders"]
-    assert all(len(res[u]) == 2 for u in users)
-    checks = s.call("check", 7)
-    assert set(checks) == set(users)
-    for u, c in checks.items():
-        assert c == {"federation": [], "memview": [], "brace": [], "dpmind": []}, (u, c)
-    spend = s.call("spend")
-    audit = ray.get(s.fed.audit.remote())
-    for w in actor_run["worlds"][:3]:
-        u = w.user
-        # the federation's own audit: this principal's admitted releases = the agent's booked releases
-        admitted = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
-        assert spend[u]["federation"]["releases"] == admitted == 2
-        assert s.reopen_ledger(u).summary() == spend[u]               # durable, read from the files
-        app = ray.get(s.app.messages.remote(u))
-        ext = ray.get(s.external.messages.remote(u))
-        assert len(app) == 2 and ext
-        for msgs in app:                                             # no private memory reached the app
-            assert not any(item in msgs[-1]["content"] for item in w.pair.stores["M"].items)
-        for msgs in ext:                                             # no clean context reached the provider
-            assert not any(t.context in msgs[-1]["content"] for t in w.tasks)
-
-
-def test_killed_agent_actor_loses_no_booked_charge(actor_run):
-    """Two agents were killed mid-task 1, after its context reached the external model: the
-    correct one lost nothing, the late-booking one is caught by the same test; the others went on."""
-    import ray
-
-    s, res = actor_run["session"], actor_run["results"]
-    good, broken = actor_run["killed"]
-    assert all([r.task for r in res[u]] == [0, 1] for u in actor_run["bystanders"])   # the others went on
-    audit = ray.get(s.fed.audit.remote())
-    problems = {}
-    for u in (good, broken):
-        assert s.dead[u]["task"] == 1 and sorted(s.dead[u]["lost_tasks"]) == [1, 2]
-        assert [r.task for r in res[u]] == [0]
-        feds = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
-        released = int(actor_run["flags"][u].read_text())
-        assert released == 2 and ray.get(s.external.count.remote(u)) > 0
-        problems[u] = lost_charges(s.reopen_ledger(u), released, feds)
-    assert problems[good] == []
-    assert problems[broken] and problems[broken][0].startswith("dpmind"), problems
-
-
 def test_ledgers_survive_sigkill_of_the_driver(tmp_path, projector, ray_local, subprocess_env):
     """A second driver (a subprocess joined to the session's Ray: the process boundary is what is
     tested, not a Ray start) runs an actor session, prints its spend, and is SIGKILLed; every
@@ -301,3 +221,84 @@ def test_agents_that_cannot_all_be_placed_are_refused_at_load():
         load_scenario(path, ["agents.mode=cluster", "agents.actor_cpus=0.5"])   # 100 x 0.5 Ray CPUs here
     assert "agents.actor_cpus" in str(info.value)
     load_scenario(path, [])                                        # the shipped file fits
+
+
+# ---- one actor session shared by the two tests below (last in the module: its actors live only while they run)
+@pytest.fixture(scope="module")
+def actor_run(tmp_path_factory, data, codec, projector, ray_local):
+    """ONE actor session for the module: three correct agents (2 tasks each) and two agents
+    killed mid-task 1 (3 tasks each), after its context reached the external model: a correct
+    one (``SlowAfterRelease``: nothing may be lost) and a late-booking one (``LateBooking``:
+    caught by the same test). One federation service, gate, observers and projector for all."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the agent classes live in this file
+    worlds = make_world(5, 3, data, np.random.default_rng(1), codec=codec, context_tokens=128)
+    worlds = [dataclasses.replace(w, tasks=w.tasks[:2]) for w in worlds[:3]] + worlds[3:]
+    good, broken = worlds[3].user, worlds[4].user
+    s = ActorSession(worlds, FCFG, data, ACFG, tmp_path_factory.mktemp("actors"), seed=3, projector=projector,
+                     agent_cls={good: SlowAfterRelease, broken: LateBooking})
+    try:
+        s.submit()
+        flags = {u: s.ledger_paths[u].with_suffix(".released") for u in (good, broken)}
+        deadline = time.monotonic() + 300
+        for u, flag in flags.items():
+            while not flag.exists():
+                assert time.monotonic() < deadline, f"agent {u} never reached task 1"
+                time.sleep(0.05)
+            ray.kill(s.actors[u], no_restart=True)                   # mid-task 1: the step never returns
+        res = s.gather()
+        yield {"session": s, "worlds": worlds, "results": res, "killed": (good, broken), "flags": flags,
+               "bystanders": [w.user for w in worlds[:3]]}
+    finally:
+        s.close()
+
+
+def test_actor_session_one_federation_bookings_match(actor_run):
+    import ray
+
+    s, res = actor_run["session"], actor_run["results"]
+    assert set(s.dead) == set(actor_run["killed"]) and not s.failed       # only the two killed on purpose
+    assert len(set(s.principals.values())) == 5                           # one principal per agent
+    users = actor_run["bystanders"]
+    assert all(len(res[u]) == 2 for u in users)
+    checks = s.call("check", 7)
+    assert set(checks) == set(users)
+    for u, c in checks.items():
+        assert c == {"federation": [], "memview": [], "brace": [], "dpmind": []}, (u, c)
+    spend = s.call("spend")
+    audit = ray.get(s.fed.audit.remote())
+    for w in actor_run["worlds"][:3]:
+        u = w.user
+        # the federation's own audit: this principal's admitted releases = the agent's booked releases
+        admitted = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
+        assert spend[u]["federation"]["releases"] == admitted == 2
+        assert s.reopen_ledger(u).summary() == spend[u]               # durable, read from the files
+        app = ray.get(s.app.messages.remote(u))
+        ext = ray.get(s.external.messages.remote(u))
+        assert len(app) == 2 and ext
+        for msgs in app:                                             # no private memory reached the app
+            assert not any(item in msgs[-1]["content"] for item in w.pair.stores["M"].items)
+        for msgs in ext:                                             # no clean context reached the provider
+            assert not any(t.context in msgs[-1]["content"] for t in w.tasks)
+
+
+def test_killed_agent_actor_loses_no_booked_charge(actor_run):
+    """Two agents were killed mid-task 1, after its context reached the external model: the
+    correct one lost nothing, the late-booking one is caught by the same test; the others went on."""
+    import ray
+
+    s, res = actor_run["session"], actor_run["results"]
+    good, broken = actor_run["killed"]
+    assert all([r.task for r in res[u]] == [0, 1] for u in actor_run["bystanders"])   # the others went on
+    audit = ray.get(s.fed.audit.remote())
+    problems = {}
+    for u in (good, broken):
+        assert s.dead[u]["task"] == 1 and sorted(s.dead[u]["lost_tasks"]) == [1, 2]
+        assert [r.task for r in res[u]] == [0]
+        feds = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))
+        released = int(actor_run["flags"][u].read_text())
+        assert released == 2 and ray.get(s.external.count.remote(u)) > 0
+        problems[u] = lost_charges(s.reopen_ledger(u), released, feds)
+    assert problems[good] == []
+    assert problems[broken] and problems[broken][0].startswith("dpmind"), problems

@@ -284,6 +284,55 @@ def projector(ray_local):
     ray_local.kill(h, no_restart=True)
 
 
+def test_same_probe_from_an_in_cluster_agent_sees_the_cluster(tmp_path, data, codec, projector, ray_local):
+    """Companion: the in-cluster mode only simulates the boundary. The same probe, run from a
+    Ray actor, lists the cluster's actors (so the isolated test above could have failed)."""
+    from fedmem.agent.session import make_world, open_session
+
+    import sys
+
+    import ray.cloudpickle
+
+    ray = ray_local
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])       # ProbeAgent into the Ray workers
+    worlds = make_world(2, 1, data, np.random.default_rng(1), codec=codec, context_tokens=128)
+    with open_session("cluster", worlds, FCFG, data, ACFG, tmp_path, seed=3, projector=projector,
+                      agent_cls=ProbeAgent) as s:
+        s.run()
+        _write_probe_info(s, tmp_path, ray)
+        spend = s.call("spend")
+        for sp in spend.values():
+            p = sp["probe"]
+            assert p["ray_actors"]["ok"] and p["ray_actors"]["value"] >= 5                 # the whole cluster
+            assert p["gcs_tcp"]["ok"]                                                       # GCS reachable
+            # the gate still narrows the API: no operator method, forged capabilities refused
+            assert not p["operator_audit"]["ok"] and not p["forge_other_label"]["ok"]
+
+
+def test_what_an_agent_sends_is_never_unpickled_freely():
+    """The session decodes an agent's frames with an allow-list: a pickle that would run
+    code (``os.system``) is refused; the results it must carry (StepResult, arrays) pass."""
+    import pickle
+
+    from fedmem.agent.client import StepResult
+    from fedmem.agent.isolated import _dumps, _loads_untrusted
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    for bad in (Evil(), Principal("p-00", "secret"), np.random.default_rng(0)):
+        with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+            _loads_untrusted(pickle.dumps(bad))
+    r = StepResult(task=1, federation={"query_id": 3, "value": np.arange(3.0), "event": {"k": 1.0}, "channels": ("value",)},
+                   federation_refused=False, brace=np.ones(2), memview_views=(("s", "v", False),), app_text="t",
+                   dpmind_transcript=[{"role": "user", "content": "x"}], dpmind_tokens=5, answer="a", dp_answer="b",
+                   correct=True)
+    back = _loads_untrusted(_dumps((r, np.float64(0.5), {"x": np.int64(2)})))
+    assert back[0].task == 1 and np.array_equal(back[0].federation["value"], np.arange(3.0)) and back[1] == 0.5
+
+
+# ---- one isolated session shared by the two tests below (last in the module: its processes live only while they run)
 class SlowAfterRelease(AgentClient):
     """Correct agent; after task 1's context reached the external model it signals and stalls
     (the test SIGKILLs its OS process there, mid-task, before the step returns)."""
@@ -417,51 +466,3 @@ def test_killed_isolated_agent_loses_no_booked_charge(isolated_run, ray_local):
         problems[u] = lost_charges(s.reopen_ledger(u), released, feds)
     assert problems[good] == []
     assert problems[broken] and problems[broken][0].startswith("dpmind"), problems
-
-
-def test_same_probe_from_an_in_cluster_agent_sees_the_cluster(tmp_path, data, codec, projector, ray_local):
-    """Companion: the in-cluster mode only simulates the boundary. The same probe, run from a
-    Ray actor, lists the cluster's actors (so the isolated test above could have failed)."""
-    from fedmem.agent.session import make_world, open_session
-
-    import sys
-
-    import ray.cloudpickle
-
-    ray = ray_local
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])       # ProbeAgent into the Ray workers
-    worlds = make_world(2, 1, data, np.random.default_rng(1), codec=codec, context_tokens=128)
-    with open_session("cluster", worlds, FCFG, data, ACFG, tmp_path, seed=3, projector=projector,
-                      agent_cls=ProbeAgent) as s:
-        s.run()
-        _write_probe_info(s, tmp_path, ray)
-        spend = s.call("spend")
-        for sp in spend.values():
-            p = sp["probe"]
-            assert p["ray_actors"]["ok"] and p["ray_actors"]["value"] >= 5                 # the whole cluster
-            assert p["gcs_tcp"]["ok"]                                                       # GCS reachable
-            # the gate still narrows the API: no operator method, forged capabilities refused
-            assert not p["operator_audit"]["ok"] and not p["forge_other_label"]["ok"]
-
-
-def test_what_an_agent_sends_is_never_unpickled_freely():
-    """The session decodes an agent's frames with an allow-list: a pickle that would run
-    code (``os.system``) is refused; the results it must carry (StepResult, arrays) pass."""
-    import pickle
-
-    from fedmem.agent.client import StepResult
-    from fedmem.agent.isolated import _dumps, _loads_untrusted
-
-    class Evil:
-        def __reduce__(self):
-            return (os.system, ("true",))
-
-    for bad in (Evil(), Principal("p-00", "secret"), np.random.default_rng(0)):
-        with pytest.raises(pickle.UnpicklingError, match="not allowed"):
-            _loads_untrusted(pickle.dumps(bad))
-    r = StepResult(task=1, federation={"query_id": 3, "value": np.arange(3.0), "event": {"k": 1.0}, "channels": ("value",)},
-                   federation_refused=False, brace=np.ones(2), memview_views=(("s", "v", False),), app_text="t",
-                   dpmind_transcript=[{"role": "user", "content": "x"}], dpmind_tokens=5, answer="a", dp_answer="b",
-                   correct=True)
-    back = _loads_untrusted(_dumps((r, np.float64(0.5), {"x": np.int64(2)})))
-    assert back[0].task == 1 and np.array_equal(back[0].federation["value"], np.arange(3.0)) and back[1] == 0.5
