@@ -17,10 +17,23 @@ from fedmem.errors import SupportPrivacyViolation
 ROOT = Path(__file__).resolve().parent.parent
 SCEN = ROOT / "scenarios"
 
+# Sizes. One membership target (30 trials per world and attack, 12 timed ones) for the defended,
+# undefended and CLI runs: each target costs two federations (shard-host actors) and an offline
+# boundary search, and what these runs assert does not need a second one. Power at this size
+# (alpha 0.05, threshold on a held-out half of 15 trials per world): a perfectly separating attack
+# on an answer that booked 0 gets a Clopper-Pearson bound 1.28 > 0, so an exact (unbooked) channel
+# still reads LEAK, as does a ROC provably above the DP ceiling; the bound cannot prove a booking
+# above 1.28, so such rows read "no leak seen", never "within booked" (the assertion accepts both,
+# never LEAK). Checked at this size: the refusal-content broken federation of BROKEN below, run with
+# SMALL and every attack, gives verdict LEAK (refusal_content LEAK, eps_lower 1.28 > booked 0, DP ceiling
+# crossed; every other row within booked), in 107 s wall at load ~15 on 2 shared cores.
+# BROKEN keeps two targets (60 trials per world): the timing and admission-oracle leaks it must
+# prove are a few nats, not exact channels (see LOW_EPS).
 SMALL = ["federation.shards=12", "federation.records_per_shard=20", "federation.key_dim=16",
          "federation.value_dim=8", "federation.n_bound=12", "federation.hosts=1", "federation.mpc=\"plaintext\"",
-         "data.clusters=6", "attack.queries=20", "attack.targets=2", "attack.repeats=30", "attack.r=3",
+         "data.clusters=6", "attack.queries=20", "attack.targets=1", "attack.repeats=30", "attack.r=3",
          "attack.timing_trials=12", "attack.retry_counts=[1, 3]", "attack.sybils=4", "attack.sybil_queries=12"]
+TWO_TARGETS = [x if x != "attack.targets=1" else "attack.targets=2" for x in SMALL]
 
 
 def _run(tmp_path, scenario, overrides, name="run"):
@@ -135,7 +148,7 @@ def test_defended_scenarios_leak_no_more_than_booked(tmp_path, ray_local, varian
     what was booked for what the adversary saw, and where nothing was booked the AUC is 0.5."""
     scenario, extra = DEFENDED_VARIANTS[variant]
     m = _run(tmp_path, scenario, SMALL + extra)
-    # with SMALL's 30 trials per world no row has the power to prove 4.25: "no leak seen", never LEAK
+    # with SMALL's 30 trials per world no row has the power to prove 4.25 (or 1.28): "no leak seen", never LEAK
     assert m["verdict"] in ("within booked", "no leak seen"), {k: v.get("verdict") for k, v in m["attacks"].items()}
     assert "float_bits" in m["attacks"]
     for name, x in m["attacks"].items():
@@ -147,7 +160,7 @@ def test_defended_scenarios_leak_no_more_than_booked(tmp_path, ray_local, varian
 def test_undefended_scenario_keeps_the_papers_leaks(tmp_path, ray_local):
     m = _run(tmp_path, "support_leak_40.toml", SMALL)
     assert m["verdict"] == "LEAK"
-    # 60 trials per world cannot prove 4.25 (power ~2; separation needs ~120 per world): never "within booked"
+    # 30 trials per world cannot prove 4.25 (power 1.28; separation needs ~120 per world): never "within booked"
     assert m["attacks"]["differencing"]["label"] in ("LEAK", "no leak seen"), m["attacks"]["differencing"]
     assert m["reconstruction"]["rate"] >= 0.9 and m["forwarded_leaky"] == m["forwarded"] > 0
     assert m["attacks"]["differencing"]["auc"] > 0.9
@@ -215,7 +228,7 @@ def test_attack_catches_its_broken_federation(tmp_path, ray_local, monkeypatch, 
     scenario, extra, make = BROKEN[attack]
     if broken:
         _broken(monkeypatch, make)
-    m = _run(tmp_path, scenario, SMALL + extra + _attacks([attack]))
+    m = _run(tmp_path, scenario, TWO_TARGETS + extra + _attacks([attack]))
     x = m["attacks"][attack]
     if broken:
         assert x["label"] == "LEAK", x
