@@ -731,7 +731,8 @@ class _DirFdFinder:
             if loc is None:
                 continue
             fd, rel = loc
-            for cand, is_pkg in ((os.path.join(rel, name, "__init__.py"), True), (os.path.join(rel, name + ".py"), False)):
+            for cand, is_pkg in ((os.path.join(rel, name, "__init__.py"), True),
+                                 (os.path.join(rel, name + ".py"), False)):
                 try:
                     src = os.open(cand, os.O_RDONLY, dir_fd=fd)
                 except OSError:
