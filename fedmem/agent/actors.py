@@ -1,4 +1,4 @@
-"""One Ray actor per user (issue 11): :class:`AgentHost` runs an :class:`~fedmem.agent.client.AgentClient`.
+"""One Ray actor per user: :class:`AgentHost` runs an :class:`~fedmem.agent.client.AgentClient`.
 
 Processes and what crosses between them (``docs/agents.md`` has the diagram):
 

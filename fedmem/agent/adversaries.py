@@ -1,4 +1,4 @@
-"""Adversaries at every boundary of an agent session, and the undefended agent (issue 11).
+"""Adversaries at every boundary of an agent session, and the undefended agent.
 
 Each boundary's adversary plays a distinguishing game on neighbouring inputs and is
 scored with :func:`fedmem.attacks.support.membership_report` (AUC with bootstrap CI,

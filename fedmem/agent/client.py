@@ -1,4 +1,4 @@
-"""``AgentClient``: one user's agent, where the four private boundaries meet (issue 11).
+"""``AgentClient``: one user's agent, where the four private boundaries meet.
 
 An agent owns, for one user:
 
@@ -131,7 +131,7 @@ class AgentLedger:
     """One user's end-to-end ledger: names ``agent/<user>/{brace,memview,dpmind}`` in ``store``,
     plus the federation principal's accountant (``<fed>/principal/<label>``): read from
     ``federation_store`` (the operator, or an in-process session), or, for an agent that may
-    not open the federation's file (issue 19), from ``federation_reader``: a callable
+    not open the federation's file, from ``federation_reader``: a callable
     returning the (event dict, label) bookings of the agent's own capability (the gate's or
     the isolated RPC's ``bookings``). ``principal`` is kept as its public label only.
     """

@@ -1,4 +1,4 @@
-"""The federation as a service that agent actors consume (issue 11).
+"""The federation as a service that agent actors consume.
 
 A :class:`~fedmem.federation.engine.Federation` is an in-process object (its shard hosts
 are Ray actors, its gateway and accountant live with it). Agent actors are separate
@@ -8,7 +8,7 @@ small API as :class:`~fedmem.federation.client.MemoryClient` (``principal``,
 ``retrieve``, ``epsilon_spent``), forwarding each call with the agent's own principal,
 issued by ``Federation.connect()`` inside the service.
 
-Capabilities (issue 19): ``connect()`` issues a
+Capabilities: ``connect()`` issues a
 :class:`~fedmem.federation.gateway.Principal` (random public label, secret 128-bit token);
 every agent-facing call takes the *capability*, never a name, and anything the gateway
 did not issue gets the uniform refusal (queries) or nothing (spend, bookings). Agents

@@ -1,4 +1,4 @@
-"""Isolated agents (issue 19): each agent in its own OS process, outside the Ray cluster.
+"""Isolated agents: each agent in its own OS process, outside the Ray cluster.
 
 Ray confines nothing between the processes of one cluster: any code in it can list every
 actor, rebuild a handle from the GCS and run code inside it (``__ray_call__``). So in

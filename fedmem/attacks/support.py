@@ -5,7 +5,7 @@ Response`: the noised ``value``, the released ``count`` and ``receipts``) and, f
 evaluation only, the engine's ``Truth``. Nothing here talks to the engine, so every
 function can be tested on synthetic responses.
 
-Attacks (names follow issue 5):
+Attacks:
 
 (a) **Cardinality reconstruction.** papers/003 reconstructed the contributing-set size
     "using only the count of non-zero secure-tally receipts":

@@ -72,7 +72,7 @@ def _memoise_rdp_gaussian() -> None:
     """Memoise dp-accounting's RDP curve of a (subsampled) Gaussian per (q, noise multiplier, orders).
 
     ``RdpAccountant`` recomputes the curve (156 orders in Python) every time it composes a
-    ``GaussianDpEvent``: the largest single cost of the engine's booking (issue 22 profile:
+    ``GaussianDpEvent``: the largest single cost of the engine's booking (profiled:
     4 compositions per query). The function is pure, so a memo returns exactly what it
     would; callers get a copy (dp-accounting only reads it: ``rdp += count * curve``)."""
     from dp_accounting.rdp import rdp_privacy_accountant as R

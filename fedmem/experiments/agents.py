@@ -1,4 +1,4 @@
-"""``agents.session``: many agents, one federation, four booked boundaries (issue 11).
+"""``agents.session``: many agents, one federation, four booked boundaries.
 
 Each agent (one per user) runs ``agents.tasks`` tasks through
 :meth:`fedmem.agent.client.AgentClient.step` (federation -> BRACE -> DP-MemView view for

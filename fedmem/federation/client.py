@@ -10,7 +10,7 @@ refusal is uniform (constant text, no reasons): the client learns nothing from i
 the fact, which is decided from public state only. A deliberate retry may say so
 (``retry_of``); silent or not, every answer is booked to the principal.
 
-The principal is a **capability** (issue 19): ``Federation.connect()`` returns a client
+The principal is a **capability**: ``Federation.connect()`` returns a client
 holding a :class:`~fedmem.federation.gateway.Principal` (public random label + secret
 token). Every query path checks it with the gateway: a client built on a forged, guessed
 or merely known label gets the uniform refusal on every query (booked to the operator's

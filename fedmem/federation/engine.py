@@ -408,7 +408,7 @@ class Federation:
             raise FederationFault("federation is closed.")
         q = self._queries(qs)
         B = q.shape[0]
-        # a principal is a capability (issue 19): anything the gateway did not issue is booked as
+        # a principal is a capability: anything the gateway did not issue is booked as
         # "unissued" and refused uniformly below; None is the in-process operator's own queries
         plist = list(principal) if isinstance(principal, (list, tuple)) else [principal] * B
         pids = [ANONYMOUS if p is None else (self.gateway.resolve(p) or UNISSUED) for p in plist]

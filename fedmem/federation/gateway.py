@@ -30,7 +30,7 @@ events of every release of a policy, derived from the configuration alone):
 Budgets are charged per **principal** — the identity the federation gives a client
 when it connects (:meth:`~fedmem.federation.engine.Federation.connect`), never a label
 the caller chooses — and in total, so a Sybil that connects many times is still bounded
-by the totals. A principal is a **capability** (issue 19): :meth:`Gateway.new_principal`
+by the totals. A principal is a **capability**: :meth:`Gateway.new_principal`
 returns a :class:`Principal`, whose string value is a random public label (``p-`` and 16
 hex digits: not sequential, not guessable from other labels) used in ledgers and the
 audit log, and which carries a secret 128-bit token (:mod:`secrets`). The store keeps

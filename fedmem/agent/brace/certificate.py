@@ -63,7 +63,7 @@ computable in ``O(T K n log n)``). Where it is less conservative: the count bran
 for non-activation at step ``t`` only, not at all ``s <= t`` as Step 5 states; this is
 still valid because ``Q_t`` depends on ``H_t`` alone for a fixed history.
 
-Clean-trajectory propagation (issue 14; a sound bound in place of CorrectedCountSearch)
+Clean-trajectory propagation (a sound bound in place of CorrectedCountSearch)
 ---------------------------------------------------------------------------------------
 ``psi_s(i) >= sup {LS of z_s at B : d_H(D, B) <= i}`` and ``R_s(j) = sum_{i<j} psi_s(i)
 >= sup ||z_s(B) - z_s(D)||`` (path argument), with ``psi_0 = R_0 = 0``. Around the private
@@ -81,11 +81,11 @@ activation excluded for all of ``N_{k+1}(D)`` if ``||R_t(D)|| + R_t(k+1) + csum(
 (``A^(k) = c_k``), certain if ``||R_t(D)|| - R_t(k+1) - csum(k+1) > tau``
 (``A^(k) = min{2r, psi_t(k)}``), else ``A^(k) = min{2r, max(c_k, psi_t(k) + tau)}``.
 The certificate uses ``min`` of this and the annulus bound above (both sound, both
-monotone, so the minimum is too); ``Certifier(bound="annulus")`` is the pre-issue-14 bound.
+monotone, so the minimum is too); ``Certifier(bound="annulus")`` is the earlier, looser bound.
 It is not App. B's exact branch enumeration: on activated steps it stays loose (it
 compounds over steps and reaches ``2r`` by step 3-4 on the Sec. 6.1 bank).
 
-CorrectedCountSearch (App. B) in box form (issue 14; the default, ``bound="all"``)
+CorrectedCountSearch (App. B) in box form (the default, ``bound="all"``)
 ---------------------------------------------------------------------------------
 App. B enumerates, for a replacement ``B' = B^{j <- x}``, the clean and released gate
 memberships of every record at every step (``beta^I_s``, ``beta^J_s``), the activation
@@ -136,7 +136,7 @@ from fedmem.agent.brace.params import BraceParams
 CERTIFICATES = ("brace", "raw_count")
 # "all" (default) = the box CorrectedCountSearch (App. B, below), the clean-trajectory
 # propagation and the annulus bound, combined by min; "both" = the certificate before the
-# search (propagation and annulus); "annulus" = the pre-issue-14 bound alone.
+# search (propagation and annulus); "annulus" = the earlier, looser bound alone.
 BOUNDS = ("all", "both", "box", "propagation", "annulus")
 _USES = {"all": ("box", "propagation", "annulus"), "both": ("propagation", "annulus"), "box": ("box",),
          "propagation": ("propagation",), "annulus": ("annulus",)}
