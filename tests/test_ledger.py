@@ -161,3 +161,24 @@ def test_unknown_and_empty_attributes_rejected():
     with pytest.raises(ValueError, match="attrs"):
         led.try_charge([], 0.1)
     assert led.history() == []
+
+
+def test_incremental_sums_equal_a_full_read_across_writers_and_edits(tmp_path):
+    """The ledger reads only rows it has not seen (O(new rows) per charge); what it answers
+    must still equal a full read of the history: rows appended by another ledger object on
+    the same file are counted, and a row removed behind its back forces a full recompute."""
+    path = tmp_path / "ledger.sqlite"
+    a = AttributeLedger({"x": 1.0, "y": 1.0}, store=DurableStore(path), name="m")
+    b = AttributeLedger({"x": 1.0, "y": 1.0}, store=DurableStore(path), name="m")
+    for _ in range(3):
+        assert a.try_charge(["x"], 0.1)
+    assert b.try_charge(["x", "y"], 0.2)                 # another writer on the same file
+    assert a.spent() == pytest.approx({"x": 0.5, "y": 0.2})
+    assert a.remaining("x") == float(Fraction(1) - 3 * Fraction(0.1) - Fraction(0.2))
+    with DurableStore(path).transaction() as db:        # tamper: drop b's charge
+        db.execute("DELETE FROM ledger_charges WHERE ledger='m' AND epsilon=0.2")
+    assert a.spent() == pytest.approx({"x": 0.3, "y": 0.0})
+    fresh = AttributeLedger({"x": 1.0, "y": 1.0}, store=DurableStore(path), name="m")
+    assert fresh.spent() == a.spent()
+    # admitted exactly when the rational sum fits the cap (the full read decides the same)
+    assert a.try_charge(["x"], 0.7) is (3 * Fraction(0.1) + Fraction(0.7) <= 1)

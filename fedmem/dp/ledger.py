@@ -60,6 +60,7 @@ class AttributeLedger:
                 db.executemany("INSERT INTO ledger_caps (ledger, attr, cap) VALUES (?, ?, ?)",
                                [(name, a, c) for a, c in clean.items()])
         self._caps = dict(clean)
+        self._seen = (0, 0, {a: Fraction(0) for a in self._caps})   # (last id read, rows read, exact sums)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -67,13 +68,30 @@ class AttributeLedger:
         return dict(self._caps)
 
     def _spent_exact(self, db) -> dict[str, Fraction]:
-        spent = {a: Fraction(0) for a in self._caps}
-        for attrs_json, eps in db.execute(
-            "SELECT attrs, epsilon FROM ledger_charges WHERE ledger=? ORDER BY id", (self.name,)
-        ):
+        """Exact L_a from the store, inside the caller's transaction.
+
+        Incremental: the exact sums up to the last charge id this object has read are kept,
+        and only rows with a larger id are read (ids only grow: ``AUTOINCREMENT``), so a
+        charge costs O(new rows), not O(history). Another process may append to the same
+        ledger; its rows have larger ids and are read here. If the number of rows is not the
+        number read (a row removed or rewritten behind the ledger's back), the sums are
+        recomputed from the whole history, so the answer is always what a full read gives.
+        """
+        last, count, spent = self._seen
+        new = db.execute("SELECT id, attrs, epsilon FROM ledger_charges WHERE ledger=? AND id>? ORDER BY id",
+                         (self.name, last)).fetchall()
+        total = db.execute("SELECT COUNT(*) FROM ledger_charges WHERE ledger=?", (self.name,)).fetchone()[0]
+        if total != count + len(new):
+            last, count, spent = 0, 0, {a: Fraction(0) for a in self._caps}
+            new = db.execute("SELECT id, attrs, epsilon FROM ledger_charges WHERE ledger=? ORDER BY id",
+                             (self.name,)).fetchall()
+        spent = dict(spent)
+        for row_id, attrs_json, eps in new:
             for a in json.loads(attrs_json):
                 spent[a] += Fraction(eps)
-        return spent
+            last = row_id
+        self._seen = (last, count + len(new), spent)
+        return dict(spent)
 
     def spent(self, attr: str | None = None):
         """L_a for one attribute, or a dict of all of them (floats)."""
