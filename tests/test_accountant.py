@@ -452,3 +452,26 @@ def test_booked_em_epsilon_holds_exactly_on_the_worst_pair(kind, eps, k):
     assert exact_delta_k_fold_rr(eps, k, claimed) <= DELTA
     broken = reference("rdp", [SC(dp_accounting.ZCDpEvent(eps ** 2 / 32), k)])
     assert exact_delta_k_fold_rr(eps, k, broken) > DELTA
+
+
+def test_pld_gaussian_memo_returns_what_dp_accounting_computes():
+    """The PLD accountant's memo of ``from_gaussian_mechanism`` (one PLD per noise, grid and
+    neighbouring relation) answers exactly what the unmemoised function does for every key
+    it distinguishes, and a caller that edits its copy cannot change the cached one."""
+    from dp_accounting.pld import privacy_loss_distribution as P
+
+    from fedmem.dp.accountant import _memoise_pld_gaussian
+
+    _memoise_pld_gaussian()
+    memo, plain = P.from_gaussian_mechanism, P.from_gaussian_mechanism.__wrapped__
+    rel = P.NeighborRel
+    for sd, grid, relation in [(2.0, 1e-3, rel.ADD_OR_REMOVE_ONE), (2.0, 1e-3, rel.REPLACE_ONE),
+                               (2.0, 1e-2, rel.ADD_OR_REMOVE_ONE), (3.0, 1e-3, rel.ADD_OR_REMOVE_ONE)]:
+        kw = dict(standard_deviation=sd, value_discretization_interval=grid, neighboring_relation=relation)
+        first = memo(**kw)
+        fresh = plain(**kw)
+        first._pmf_remove._probs[:] = 0.0                  # vandalise the copy the caller got...
+        assert first.get_delta_for_epsilon(1.0) < fresh.get_delta_for_epsilon(1.0) / 2   # ...it answers otherwise
+        again = memo(**kw)
+        for eps in (0.5, 1.0, 4.0):
+            assert again.get_delta_for_epsilon(eps) == fresh.get_delta_for_epsilon(eps) > 0
