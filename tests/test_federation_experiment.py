@@ -151,10 +151,25 @@ def test_defended_scenarios_leak_no_more_than_booked(tmp_path, ray_local, varian
     # with SMALL's 30 trials per world no row has the power to prove 4.25 (or 1.28): "no leak seen", never LEAK
     assert m["verdict"] in ("within booked", "no leak seen"), {k: v.get("verdict") for k, v in m["attacks"].items()}
     assert "float_bits" in m["attacks"]
-    for name, x in m["attacks"].items():
-        if "auc" in x and x["eps_booked"] == 0.0:
-            assert x["auc_ci"][0] <= 0.5 <= x["auc_ci"][1], (name, x["auc"], x["auc_ci"])
+    unbooked = {name: x for name, x in m["attacks"].items() if "auc" in x and x["eps_booked"] == 0.0}
+    for name, x in unbooked.items():
+        assert _auc_is_chance(x, len(unbooked)), (name, x["auc"], x["n_pos"], x["n_neg"])
     assert m["forwarded_leaky"] == 0 and m["forwarded_unbooked"] == 0
+
+
+def _auc_is_chance(x: dict, rows: int, alpha: float = 0.001) -> bool:
+    """Where nothing was booked the two worlds' scores must look alike: a two-sided Mann-Whitney
+    test of AUC = 0.5 at family-wise level ``alpha`` over the ``rows`` rows checked (Bonferroni),
+    with the null variance without ties ((n1 + n2 + 1) / (12 n1 n2), never below the tied one, so
+    conservative). A per-row 95% bootstrap interval over ~8 unbooked rows x 6 variants failed a
+    correct federation on timing noise alone (AUC 0.74 from 12 vs 12 refusals; 200 vs 200 on an idle
+    machine gave 0.50, 0.51, 0.46). The broken timing federation below fails this same check."""
+    from statistics import NormalDist
+
+    n1, n2 = x["n_pos"], x["n_neg"]
+    sd = math.sqrt((n1 + n2 + 1) / (12.0 * n1 * n2))
+    z = NormalDist().inv_cdf(1 - alpha / (2 * rows))
+    return abs(x["auc"] - 0.5) <= z * sd
 
 
 def test_undefended_scenario_keeps_the_papers_leaks(tmp_path, ray_local):
@@ -235,6 +250,8 @@ def test_attack_catches_its_broken_federation(tmp_path, ray_local, monkeypatch, 
         assert x["eps_lower"] > x["eps_booked"] or x["ceiling_crossed"]
     else:
         assert x["label"] != "LEAK", x
+    if x["eps_booked"] == 0.0:     # the defended test's chance check catches the broken variant too
+        assert _auc_is_chance(x, 1) != broken, (x["auc"], x["n_pos"], x["n_neg"])
     if attack == "admission_oracle":
         assert m["boundary_queries_found"] >= 1        # the offline search found its boundary query
 

@@ -61,7 +61,11 @@ def test_flwr_run_of_the_example_app_completes_offline_and_prints_the_privacy_sp
     env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1",
                FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(port), FLWR_LOCAL_CONTROL_API_PORT=str(control),
-               RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+               RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               # Flower's Ray backend calls ray.init(num_cpus=...) without an address, and a bare ray.init() joins
+               # the last `ray start` cluster recorded in /tmp/ray/ray_current_cluster (even a stale record), which
+               # then fails "When connecting to an existing cluster, num_cpus ... must not be provided".
+               RAY_ADDRESS="local")
     # The command `flwr run` uses for its managed local SuperLink (flwr/cli/local_superlink.py), in-memory state.
     link = subprocess.Popen([superlink, "--insecure", "--simulation", "--isolation", "subprocess",
                              "--host", "127.0.0.1", "--port", str(port), "--log-file", str(home / "superlink.log")],
