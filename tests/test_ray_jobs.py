@@ -13,7 +13,7 @@ by PID (never ``ray stop``). What it checks:
 * the driver and a Ray worker of the job import fedmem from the uploaded working_dir
   (the runtime_env carries the code; no checkout at the same path is needed).
 
-Ray Jobs need Ray's dashboard (``pip install "ray[default]"``); without it the test is
+Ray Jobs need Ray's dashboard (``ray[default]``, in the ``test`` extra that ``make test`` installs); without it the test is
 skipped, naming that.
 """
 
