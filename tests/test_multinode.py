@@ -3,7 +3,11 @@
 The cluster lives in a **subprocess** (``python tests/test_multinode.py``) so that the
 session's private Ray (``ray_local`` in conftest.py) is neither joined nor disturbed;
 the subprocess starts its own head and workers and tears them down (it stops only what
-it started). What it checks:
+it started). ``RAY_TMPDIR`` points the subprocess at a temp dir of its own: ``Cluster``
+records its head in ``<temp>/ray/ray_current_cluster``, which under the default ``/tmp``
+would make any bare ``ray.init()`` on the machine join (or, once the cluster is gone, fail
+on) this test's cluster, and would collide with a ``ray start`` of another test or user.
+What it checks:
 
 * the compute parties sit on distinct nodes (``STRICT_SPREAD``), rendezvous on rank 0's
   node IP, and the shard hosts are spread over several nodes;
@@ -21,8 +25,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -57,6 +63,8 @@ def _scenario() -> dict:
         ray.init(address=cluster.address, log_to_driver=False)
         head_id = ray.get_runtime_context().get_node_id()
         out["nodes"] = sum(1 for n in ray.nodes() if n["Alive"])
+        out["address_recorded_in_own_tmpdir"] = os.path.exists(
+            os.path.join(os.environ.get("RAY_TMPDIR", "/nonexistent"), "ray", "ray_current_cluster"))
         out["timings"]["cluster_s"] = time.perf_counter() - t0
 
         S, N, KD, VD = 12, 10, 8, 4
@@ -157,14 +165,19 @@ def _scenario() -> dict:
 def test_multinode_cluster_places_apart_matches_plaintext_and_fails_closed():
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "0"
+    # short: Ray's session sockets live under it (AF_UNIX paths are limited to 107 bytes)
+    env["RAY_TMPDIR"] = tmp = tempfile.mkdtemp(prefix="fm-mn-", dir="/tmp")
     try:
         proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True,
                               timeout=170, env=env, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"multi-node scenario did not finish in time: {str(exc.stderr)[-2000:]}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
     assert proc.returncode == 0 and lines, (proc.stdout[-2000:], proc.stderr[-4000:])
     res = json.loads(lines[-1][len(MARK):])
+    assert res["address_recorded_in_own_tmpdir"], res     # not in /tmp/ray, where other Ray users look
     assert res["nodes"] == 3 and res["strategy"] == "STRICT_SPREAD", res
     assert res["party_nodes_distinct"] and res["host_nodes"] >= 2 and res["rendezvous_ip_is_rank0_node_ip"], res
     assert res["driver_holds_refs_only"] and res["bit_identical"] and res["responses_match_truth"], res
