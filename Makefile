@@ -9,10 +9,14 @@ install:
 demo: install
 	@$(PY) -m fedmem.cli demo
 
-# The whole suite (what CI runs); the 25 slowest tests are listed at the end.
+# The whole suite (what CI runs); the 25 slowest tests are listed at the end. Two pytest-xdist
+# workers, one test file per worker at a time (--dist loadfile: a module's shared fixtures stay in
+# one process; each worker starts its own private Ray and CrypTen parties). PYTEST_WORKERS=0 runs
+# it in one process.
+PYTEST_WORKERS ?= 2
 test: install
 	@$(VENV)/bin/lint-imports --no-cache
-	@$(PY) -m pytest -q --durations=25 $(PYTEST_ARGS)
+	@$(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Development lane: everything but the tests marked slow (own clusters, subprocess runs).
 test-fast: install
