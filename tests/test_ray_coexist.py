@@ -21,6 +21,28 @@ SMALL = ["federation.shards=8", "federation.records_per_shard=10", "federation.k
          "attack.queries=4", 'attack.attacks=["reconstruction"]', "ray.num_cpus=1"]
 
 
+def _session_of(gcs_address: str) -> str | None:
+    """The session name (``session_...``) of the cluster whose GCS is at ``gcs_address``, read from
+    its raylet's command line. Not ``/tmp/ray/session_latest``: that names the latest session of
+    ANY Ray started under /tmp/ray (another test process's private instance, a user's), and
+    killing by it once took down a parallel pytest worker's Ray (and that worker with it)."""
+    import re
+
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            args = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"--gcs-address={gcs_address}".encode() in args:
+            for a in args:
+                m = re.match(rb"--session_dir=.*/(session_[^/]+)$", a)
+                if m:
+                    return m.group(1).decode()
+    return None
+
+
 def _kill_started(marker: str) -> None:
     """SIGKILL every process whose command line names our cluster's temp dir (only ours)."""
     import signal
@@ -103,8 +125,9 @@ def test_fedmem_run_beside_a_running_ray_cluster(tmp_path):
                                 "--include-dashboard=false", "--disable-usage-stats"],
                                env=env, capture_output=True, text=True, timeout=120)
         assert start.returncode == 0, start.stderr[-2000:]
-        marker = os.path.basename(os.readlink("/tmp/ray/session_latest"))   # our session's name
         address = Path("/tmp/ray/ray_current_cluster").read_text().strip()
+        marker = _session_of(address)                     # our session's name, found by our GCS address
+        assert marker, f"no raylet of the cluster at {address} found"
         old = subprocess.run([sys.executable, "-c", "import ray; ray.init(num_cpus=2, include_dashboard=False)"],
                              env=env, capture_output=True, text=True, timeout=120)
         assert old.returncode != 0 and "num_cpus and num_gpus must not be provided" in old.stderr
