@@ -13,6 +13,7 @@ from fedmem.bench.shards import make_clustered_shards, sample_queries, with_reco
 from fedmem.dp import Accountant
 from fedmem.errors import FederationFault, SupportPrivacyViolation
 from fedmem.federation.engine import Federation, FederationConfig, Response
+from fedmem.federation.parties import Parties
 
 S, N, KD, VD = 12, 20, 16, 8
 
@@ -257,7 +258,7 @@ def test_host_killed_mid_query_fails_closed_then_recovers(data, queries, ray_loc
         assert isinstance(f.retrieve(queries[1]), Response)  # dead host re-created from the data
 
 
-class _FlakyParties:
+class _FlakyParties(Parties):
     """Plaintext parties that fail on the ``fail_on``-th run call (counting from 1)."""
 
     n_parties = 2
@@ -267,16 +268,17 @@ class _FlakyParties:
 
         self.inner, self.calls, self.fail_on = PlaintextParties(2), 0, fail_on
 
-    def run(self, packets, spec):
+    def run(self, packets, spec, *, run_id=None):
         from fedmem.errors import MpcFailure
 
         self.calls += 1
         if self.calls == self.fail_on:
             raise MpcFailure(f"party 1 died in run {self.calls}")
-        return self.inner.run(packets, spec)
+        return self.inner.run(packets, spec, run_id=run_id)
 
-    def close(self):
-        return None
+    @property
+    def public_keys(self):
+        return self.inner.public_keys
 
 
 @pytest.mark.parametrize("fail_on", [1, 2])
@@ -307,8 +309,8 @@ def test_shard_host_killed_between_routes_books_nothing(data, queries, ray_local
     holder = {}
 
     class KillHostAfterFirstRun(_FlakyParties):
-        def run(self, packets, spec):
-            out = self.inner.run(packets, spec)
+        def run(self, packets, spec, *, run_id=None):
+            out = self.inner.run(packets, spec, run_id=run_id)
             if self.calls == 0:
                 ray_local.kill(holder["f"].hosts[0], no_restart=True)
             self.calls += 1
@@ -388,18 +390,34 @@ def test_crypten_engine_matches_ground_truth(data, queries, ray_local, crypten_p
         assert not math.isnan(rs[0].epsilon_spent)
 
 
-class _DeadParties:
+class _DeadParties(Parties):
     """Stands in for compute parties whose actor died: ``run`` raises ``MpcFailure`` (the mpc contract)."""
 
     n_parties = 2
 
-    def run(self, packets, spec):
+    def run(self, packets, spec, *, run_id=None):
         from fedmem.errors import MpcFailure
 
         raise MpcFailure("party 1 died (RayActorError)")
 
-    def close(self):
-        return None
+
+def test_parties_must_implement_the_contract(data, ray_local):
+    """A duck-typed stand-in (right attributes, not a Parties) is refused at construction, naming
+    the parameter; a Parties with the wrong count too."""
+    class DuckParties:
+        n_parties = 2
+
+        def run(self, packets, spec, *, run_id=None):
+            raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match=r"parties must implement .*Parties.*Found DuckParties"):
+        Federation(cfg(), data, accountant=Accountant(), rng=np.random.default_rng(2), parties=DuckParties())
+
+    class Three(_DeadParties):
+        n_parties = 3
+
+    with pytest.raises(ValueError, match=r"parties must have n_parties=2. Found 3"):
+        Federation(cfg(), data, accountant=Accountant(), rng=np.random.default_rng(2), parties=Three())
 
 
 def test_failed_compute_parties_fail_closed(data, queries, ray_local):

@@ -17,6 +17,7 @@ from scipy import stats
 
 from fedmem.errors import MpcFailure
 from fedmem.federation.mpc import PlaintextParties, merge_network, plaintext_mask
+from fedmem.federation.parties import Parties
 from fedmem.federation.sharing import (
     FRAC_BITS, SCORE_BOUND, Revealed, SelectionSpec, SharePacket, decode, encode, reconstruct, share,
     share_candidates,
@@ -523,18 +524,22 @@ def test_unfetchable_host_output_fails_the_query_closed(small_data, ray_local, c
 
     q = sample_queries(small_data, 2, np.random.default_rng(34))
 
-    class LoseOnePacket:
+    class LoseOnePacket(Parties):
         n_parties = 2
 
         def __init__(self):
             self.calls = 0
 
-        def run(self, packets, spec):
+        @property
+        def public_keys(self):
+            return crypten_parties.public_keys
+
+        def run(self, packets, spec, *, run_id=None):
             self.calls += 1
             if self.calls == 1:
                 packets = [list(p) for p in packets]
                 packets[1][1] = _dead_refs(ray_local, [[None]])[0][0]
-            return crypten_parties.run(packets, spec)
+            return crypten_parties.run(packets, spec, run_id=run_id)
 
         def close(self):
             return None

@@ -61,6 +61,7 @@ from fedmem.errors import BudgetExceeded, FederationFault, MpcFailure
 from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
 from fedmem.federation.config import FederationConfig
 from fedmem.federation.gateway import ANONYMOUS, UNISSUED, Decision, Gateway, Principal, refusal
+from fedmem.federation.parties import Parties
 from fedmem.federation.shard_host import host_actor_class, split_shards
 from fedmem.federation.sharing import decode, encode
 
@@ -193,14 +194,17 @@ class Federation:
                           "selection.", stacklevel=2)
         from fedmem._ray import ensure_ray
 
+        if parties is not None:     # checked before anything starts
+            if not isinstance(parties, Parties):
+                raise TypeError("parties must implement fedmem.federation.parties.Parties (PlaintextParties, "
+                                f"CryptenParties or a subclass). Found {type(parties).__name__}.")
+            if parties.n_parties != config.parties:
+                raise ValueError(f"parties must have n_parties={config.parties}. Found {parties.n_parties!r}.")
         try:
             self._owns_ray = ensure_ray(ray_address, num_cpus=ray_options.get("num_cpus"),
                                         object_store_mb=ray_options.get("object_store_mb"))
             self._start_hosts()
             if parties is not None:
-                if getattr(parties, "n_parties", None) != config.parties:
-                    raise ValueError(f"parties must have n_parties={config.parties}. "
-                                     f"Found {getattr(parties, 'n_parties', None)!r}.")
                 self.parties, self._owns_parties = parties, False
             else:
                 from fedmem.federation import mpc
@@ -311,7 +315,7 @@ class Federation:
         from fedmem.federation.sharing import new_run_id
 
         # seal every packet to its party when the parties publish keys (both shipped backends do)
-        keys = (getattr(self.parties, "public_keys", None) or None) if self._seal else None
+        keys = (self.parties.public_keys or None) if self._seal else None
         run_id = new_run_id() if keys else None
         tm = self.timings
         t0 = time.perf_counter()
@@ -319,10 +323,7 @@ class Federation:
         t1 = time.perf_counter()
         tm["hosts"] += t1 - t0
         try:
-            if keys:
-                rev = self.parties.run(packets, policy.selection_spec(), run_id=run_id)
-            else:
-                rev = self.parties.run(packets, policy.selection_spec())
+            rev = self.parties.run(packets, policy.selection_spec(), run_id=run_id)
             tm["mpc"] += time.perf_counter() - t1
             tm["mpc_party"] += float((getattr(rev, "stats", None) or {}).get("party_seconds", 0.0))
             tm["runs"] += 1
@@ -457,7 +458,6 @@ class Federation:
                 self._log(d, "budget_exceeded", rel, mpc=mpcs[b])
                 results[b] = refusal(d.query_id)
                 continue
-            gw.record_count(d.family, rel.count)
             self._log(d, "admitted" if d.route == "primary" else "admitted_fallback", rel, bookings, True,
                       mpc=mpcs[b])
             results[b] = self._respond(d, rel, mpcs[b])

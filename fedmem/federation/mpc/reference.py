@@ -10,6 +10,7 @@ import numpy as np
 from fedmem import _validate as V
 from fedmem.errors import MpcFailure
 from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, _unseal, assemble
+from fedmem.federation.parties import Parties
 from fedmem.federation.sharing import MASK_FILL, PartyKey, Revealed, SelectionSpec, decode, encode, reconstruct
 
 
@@ -29,7 +30,7 @@ def plaintext_mask(scores_int: np.ndarray, valid_int: np.ndarray, spec: Selectio
     return mask & valid
 
 
-class PlaintextParties:
+class PlaintextParties(Parties):
     """Reference compute parties: reconstruct the shares and select in numpy (no secrecy).
 
     Same inputs, semantics and outputs as :class:`CryptenParties`; ``stats`` reports
@@ -41,7 +42,11 @@ class PlaintextParties:
     def __init__(self, n_parties: int = 2):
         self.n_parties = V.positive_int("n_parties", n_parties, minimum=2)
         self._keys = [PartyKey() for _ in range(self.n_parties)]
-        self.public_keys = [k.public for k in self._keys]
+        self._public_keys = [k.public for k in self._keys]
+
+    @property
+    def public_keys(self) -> list[bytes]:
+        return list(self._public_keys)
 
     def run(self, packets, spec: SelectionSpec, *, run_id: bytes | None = None) -> Revealed:
         """``packets[p]``: party p's packets, one per shard host (``SharePacket`` or Ray
@@ -77,11 +82,3 @@ class PlaintextParties:
         return Revealed(sum=out.get("sum"), count=out.get("count"), tallies=out.get("tallies"),
                         stats=stats, shard_ids=ids)
 
-    def close(self):
-        return None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -13,6 +13,7 @@ from fedmem import _validate as V
 from fedmem.errors import MpcFailure
 from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, _unseal, assemble
 from fedmem.federation.mpc.networks import IMPLS, PROVIDERS, _secure_program
+from fedmem.federation.parties import Parties
 from fedmem.federation.sharing import REVEALABLE, PartyKey, Revealed, SelectionSpec
 
 
@@ -226,7 +227,7 @@ def _eligible_nodes() -> int:
     return sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= _BUNDLE["CPU"])
 
 
-class CryptenParties:
+class CryptenParties(Parties):
     """``n_parties`` CrypTen compute parties as Ray actors over gloo, one per node when possible.
 
     Starts its actors on construction (Ray must be initialised, or is initialised
@@ -385,12 +386,6 @@ class CryptenParties:
             except Exception:  # noqa: BLE001 - best effort; killed below
                 pass
         self._kill()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # -- compute
     def run(self, packets, spec: SelectionSpec, *, impl: str = "auto", run_id: bytes | None = None) -> Revealed:
