@@ -56,9 +56,9 @@ Booking (:meth:`Gateway.book`) charges the per-principal, total, per-principal-s
 and total-support accountants in **one** SQLite transaction (all or nothing) after the
 release is computed and before it is returned.
 
-:meth:`Gateway.empirical_bits` reports papers/003's plug-in entropy of released counts
-across a family as a diagnostic only: it is 0 on a family's first query, which is why it
-never decides anything.
+papers/003's plug-in entropy of released counts is not computed: it is 0 on a family's first
+query, so it can decide nothing, and an unread diagnostic of released counts is one more place
+that holds them.
 """
 
 from __future__ import annotations
@@ -66,10 +66,8 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
-
-import numpy as np
 
 from fedmem import _validate as V
 from fedmem.dp import Accountant, book_together
@@ -144,7 +142,6 @@ class Decision:
     retry_of: int | None
     route: str | None           # "primary" | "fallback" | None (refused)
     reasons: tuple[str, ...]    # why the primary (and fallback) route was refused: operator's audit only
-    leak_bits: float            # principal's support bits after this query, if admitted
 
     @property
     def admitted(self) -> bool:
@@ -177,7 +174,6 @@ class Gateway:
         self._accs: dict[str, Accountant] = {}
         self._resolved: dict[str, str] = {}    # token digest -> label (cache of federation_capabilities)
         self._pending: dict[str, list] = defaultdict(list)
-        self._counts: dict[str, list] = defaultdict(list)     # family -> released counts (diagnostic)
 
     # ------------------------------------------------------------------ principals and queries
     def new_principal(self) -> Principal:
@@ -290,9 +286,9 @@ class Gateway:
         charges of an admitted query until :meth:`book` or :meth:`clear_pending`."""
         reasons: list[str] = []
         if principal == UNISSUED:
-            return Decision(query_id, principal, family, retry_of, None, ("unissued_principal",), math.nan)
+            return Decision(query_id, principal, family, retry_of, None, ("unissued_principal",))
         if retry_of is not None and not self.issued(retry_of):
-            return Decision(query_id, principal, family, retry_of, None, ("retry_unbooked",), math.nan)
+            return Decision(query_id, principal, family, retry_of, None, ("retry_unbooked",))
         for route in ROUTES:
             plan = plans.get(route)
             if plan is None:
@@ -308,8 +304,8 @@ class Gateway:
                 continue
             for acc, events, _, _ in caps:
                 self._pending[acc.name] += list(events)
-            return Decision(query_id, principal, family, retry_of, route, tuple(reasons), math.nan)
-        return Decision(query_id, principal, family, retry_of, None, tuple(reasons), math.nan)
+            return Decision(query_id, principal, family, retry_of, route, tuple(reasons))
+        return Decision(query_id, principal, family, retry_of, None, tuple(reasons))
 
     def clear_pending(self) -> None:
         self._pending.clear()
@@ -328,17 +324,3 @@ class Gateway:
             if ev is not None:
                 entries.append((acc, ev, cap))
         return book_together(entries, label)
-
-    # ------------------------------------------------------------------ diagnostics
-    def record_count(self, family: str, count) -> None:
-        if count is not None:
-            self._counts[family].append(float(count))
-
-    def empirical_bits(self, family: str) -> float:
-        """Diagnostic: plug-in entropy (bits) of the released counts across ``family`` (rounded)."""
-        counts = self._counts.get(family, [])
-        if not counts:
-            return 0.0
-        freq = np.array(list(Counter(int(round(c)) for c in counts).values()), dtype=np.float64)
-        p = freq / freq.sum()
-        return float(-(p * np.log2(p)).sum())
