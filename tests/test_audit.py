@@ -110,6 +110,9 @@ def test_roc_auc_matches_sklearn_with_ties():
     neg = rng.integers(0, 4, 200).astype(float)
     ref = roc_auc_score(np.r_[np.ones(300), np.zeros(200)], np.r_[pos, neg])
     assert roc_auc(pos, neg) == pytest.approx(ref, abs=1e-12)
+    big_p, big_n = rng.integers(0, 50, 1200).astype(float), rng.normal(20, 9, 1000).round()   # > 10^6 pairs: ranks
+    ref = roc_auc_score(np.r_[np.ones(1200), np.zeros(1000)], np.r_[big_p, big_n])
+    assert roc_auc(big_p, big_n) == pytest.approx(ref, abs=1e-12)
     assert roc_auc([2.0, 3.0], [0.0, 1.0]) == 1.0
     assert roc_auc([0.0], [1.0]) == 0.0
     assert roc_auc([1.0, 1.0], [1.0]) == 0.5

@@ -42,6 +42,7 @@ import numbers
 import numpy as np
 from scipy.stats import beta as _beta
 from scipy.stats import mannwhitneyu
+from scipy.stats import rankdata as _rankdata
 from sklearn import metrics as _skm
 
 from fedmem import _validate as V
@@ -172,10 +173,18 @@ def roc_curve(pos, neg) -> tuple[np.ndarray, np.ndarray]:
 
 
 def roc_auc(pos_scores, neg_scores) -> float:
-    """Area under the ROC curve = ``Pr[S_pos > S_neg] + Pr[S_pos = S_neg] / 2``
-    (``sklearn.metrics.roc_auc_score``; ties count one half)."""
-    _, _, y, s = _labelled(pos_scores, neg_scores, ("pos_scores", "neg_scores"))
-    return float(_skm.roc_auc_score(y, s))
+    """Area under the ROC curve = ``Pr[S_pos > S_neg] + Pr[S_pos = S_neg] / 2`` (ties count one
+    half): the Mann-Whitney ``U / (n_pos n_neg)``, the one AUC statistic of fedmem (the same as
+    ``sklearn.metrics.roc_auc_score`` to float rounding, tested; :func:`auc_ci` bootstraps it and
+    the DP-MemView auditors use it per bootstrap replicate). Pairs are counted directly up to
+    10^6 pairs, else from mid-ranks; no sklearn input validation (~30 ms a call)."""
+    p = _scores("pos_scores", pos_scores)
+    n = _scores("neg_scores", neg_scores)
+    if p.size * n.size <= 1_000_000:
+        d = p[:, None] - n[None, :]
+        return float((np.count_nonzero(d > 0) + 0.5 * np.count_nonzero(d == 0)) / (p.size * n.size))
+    r = _rankdata(np.concatenate([p, n]))
+    return float((r[:p.size].sum() - p.size * (p.size + 1) / 2.0) / (p.size * n.size))
 
 
 def auc_ci(pos, neg, alpha: float = 0.05, rng: np.random.Generator | None = None,
