@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedmem.agent.client import AgentClient, AgentConfig
+from fedmem.agent.client import AgentConfig
 from fedmem.agent.session import ActorSession, make_world
 from fedmem.bench.shards import make_clustered_shards
+from agent_doubles import LateBooking, SlowAfterRelease
 from fedmem.federation.engine import FederationConfig
 
 FCFG = FederationConfig(shards=6, records_per_shard=12, key_dim=16, value_dim=8, k=3, k_local=2, mpc="plaintext",
@@ -54,30 +55,6 @@ def codec():
     from fedmem.agent.dpmind import load_minilm
 
     return load_minilm()[1]
-
-
-class SlowAfterRelease(AgentClient):
-    """Correct agent; after task 1's context reached the external model it signals and stalls
-    (the test kills it there, mid-task, before the step returns)."""
-
-    def _dpmind(self, task):
-        out = super()._dpmind(task)
-        if task.index == 1:
-            Path(self.ledger.store.path).with_suffix(".released").write_text(str(len(self.dpmind_sent)))
-            time.sleep(60)
-        return out
-
-
-class LateBooking(SlowAfterRelease):
-    """Broken: books the DP-MIND charge only after the context was sent."""
-
-    def _book_dpmind(self, task):
-        return f"task={task.index} ctx={len(self.dpmind_sent)}"
-
-    def _dpmind(self, task):
-        out = super()._dpmind(task)
-        AgentClient._book_dpmind(self, task)
-        return out
 
 
 def lost_charges(ledger, released_contexts: int, released_feds: int) -> list[str]:
@@ -232,7 +209,9 @@ def actor_run(tmp_path_factory, data, codec, projector, ray_local):
     caught by the same test). One federation service, gate, observers and projector for all."""
     import ray.cloudpickle
 
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the agent classes live in this file
+    import agent_doubles
+
+    ray.cloudpickle.register_pickle_by_value(agent_doubles)          # the agent classes live there
     worlds = make_world(5, 3, data, np.random.default_rng(1), codec=codec, context_tokens=128)
     worlds = [dataclasses.replace(w, tasks=w.tasks[:2]) for w in worlds[:3]] + worlds[3:]
     good, broken = worlds[3].user, worlds[4].user

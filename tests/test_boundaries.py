@@ -25,6 +25,7 @@ from fedmem.agent.client import AgentClient, AgentConfig
 from fedmem.bench.shards import make_clustered_shards
 from fedmem.dp import Accountant, DurableStore
 from fedmem.errors import SupportPrivacyViolation
+from agent_doubles import LateBooking, SlowAfterRelease
 from fedmem.federation.engine import Federation, FederationConfig
 from fedmem.federation.gateway import Principal
 
@@ -333,30 +334,6 @@ def test_what_an_agent_sends_is_never_unpickled_freely():
 
 
 # ---- one isolated session shared by the two tests below (last in the module: its processes live only while they run)
-class SlowAfterRelease(AgentClient):
-    """Correct agent; after task 1's context reached the external model it signals and stalls
-    (the test SIGKILLs its OS process there, mid-task, before the step returns)."""
-
-    def _dpmind(self, task):
-        out = super()._dpmind(task)
-        if task.index == 1:
-            Path(self.ledger.store.path).with_suffix(".released").write_text(str(len(self.dpmind_sent)))
-            time.sleep(60)
-        return out
-
-
-class LateBooking(SlowAfterRelease):
-    """Broken: books the DP-MIND charge only after the context was sent."""
-
-    def _book_dpmind(self, task):
-        return f"task={task.index} ctx={len(self.dpmind_sent)}"
-
-    def _dpmind(self, task):
-        out = super()._dpmind(task)
-        AgentClient._book_dpmind(self, task)
-        return out
-
-
 @pytest.fixture(scope="module")
 def isolated_run(data, codec, projector, ray_local):
     """ONE isolated session (one zygote, one federation service) for the module: two hostile
