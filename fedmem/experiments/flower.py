@@ -394,11 +394,11 @@ def run(cfg, ctx) -> Result:
                     extra={"answered": answered if who != "server" else None})
 
     if ray_out is not None:
-        from fedmem.experiments.flower_ray_engine import config_summary, federation_config
+        from fedmem.experiments.flower_ray_engine import column_config, config_summary
 
         for variant in ("undefended", "defended"):
             x = ray_out[variant]
-            config = federation_config(f, cfg.ray_engine, variant)
+            config = column_config(f, cfg.ray_engine, variant)
             booked = float(max(x["booked"])) if x["booked"] else 0.0
             metrics.setdefault("ray_engine_configs", {})[variant] = config_summary(config)
             label = ("Ray engine, undefended (exact receipts, gateway off)" if variant == "undefended" else

@@ -32,7 +32,7 @@ import numpy as np
 CONFIGS = ("undefended", "defended")
 
 
-def ask_trials(fed, q, trials: int):
+def repeat_with_fresh_principals(fed, q, trials: int):
     """``trials`` copies of query ``q``, each from its own fresh principal, in one batch.
 
     Returns (responses or refusals, the epsilon the federation booked for each principal)."""
@@ -41,7 +41,7 @@ def ask_trials(fed, q, trials: int):
     return got, [fed.gateway.principal_spent(p) for p in pids]
 
 
-def federation_config(f, r, variant: str):
+def column_config(f, r, variant: str):
     """``FederationConfig`` of one column (``f``: the scenario's ``[federation]``, ``r``: ``[ray_engine]``)."""
     from fedmem.federation.engine import FederationConfig
 
@@ -84,7 +84,7 @@ def run_ray_engine(f, r, data, targets, queries, repeats: int, *, rng_for, ray_a
         qs = np.asarray(queries, dtype=np.float64)
         for variant in CONFIGS:
             t0 = time.perf_counter()
-            config = federation_config(f, r, variant)
+            config = column_config(f, r, variant)
             res = {"estimates": [], "truths": [], "channels": [], "pos": [], "neg": [], "booked": [],
                    "answered": 0, "refused": 0}
             fed = Federation(config, data, accountant=Accountant("rdp"), rng=rng_for("ray", variant, "recon"),
@@ -115,10 +115,10 @@ def run_ray_engine(f, r, data, targets, queries, repeats: int, *, rng_for, ray_a
                         feds[w] = Federation(config, wdata, accountant=Accountant("rdp"),
                                              rng=rng_for("ray", variant, t, w), parties=parties)
                     key = np.asarray(tg["key"], dtype=np.float64)
-                    refs, _ = ask_trials(feds["without"], key, 1)
+                    refs, _ = repeat_with_fresh_principals(feds["without"], key, 1)
                     reference = None if isinstance(refs[0], Exception) else refs[0]
                     for w, fed in feds.items():
-                        got, booked = ask_trials(fed, key, repeats)
+                        got, booked = repeat_with_fresh_principals(fed, key, repeats)
                         for resp, e in zip(got, booked):
                             (res["pos"] if w == "with" else res["neg"]).append(
                                 differencing_score(None if isinstance(resp, Exception) else resp, reference,
