@@ -89,7 +89,7 @@ def test_one_federated_retrieval_is_audited(tmp_path, ray_local):
 def _section(tmp_path, fn, extra):
     sc = load_scenario("scenarios/audit_tightness.toml", SMALL + extra)
     ctx = RunContext(tmp_path / "run", sc.config["seed"], show_progress=False, quiet=True)
-    book = AU._Book(sc.config.audit.alpha / 8, sc.config.audit.delta)
+    book = AU.Book(sc.config.audit.alpha / 8, sc.config.audit.delta)
     rows: list = []
     fn(sc.config, ctx, book, rows)
     return book.mechanisms, rows
@@ -100,7 +100,7 @@ def test_flower_rounds_audited_broken_wrappers_caught(tmp_path):
     from the same sampler): the correct ones stay within what they book, half the noise and a sensitivity
     off by 2 are caught by the same GDP-fit test. Sized: 20k releases per world on the correct rows put the
     GDP lower bound at ~0.5-0.75 of booked and the broken ones 1.1-1.9x above (seconds)."""
-    mech, rows = _section(tmp_path, AU._audit_flower, ["flower.deployed=20"])
+    mech, rows = _section(tmp_path, AU.audit_flower, ["flower.deployed=20"])
     assert set(mech) == {"flower.fedmem", "flower.fedmem/half_noise", "flower.fedmem/sensitivity_off_by_2",
                          "flower.flower", "flower.flower/half_noise",
                          "flower.flower/default_sensitivity_clipping_norm"}
@@ -120,7 +120,7 @@ def test_brace_step_search_and_audit(tmp_path):
     """One BRACE step: the search keeps the gate whose certificate sits at its floor (a plain Gaussian, the
     largest exact epsilon), the correct step stays within booked (the zCDP conversion leaves eps_pair
     ~0.83 of it), half the noise is caught by the same GDP fit."""
-    mech, rows = _section(tmp_path, AU._audit_brace, ["brace.trials=20000"])
+    mech, rows = _section(tmp_path, AU.audit_brace, ["brace.trials=20000"])
     ok, bad = mech["brace.step"], mech["brace.step/half_noise"]
     chosen = [r for r in rows if r[0] == "brace" and "chosen" in r[4]]
     assert len(chosen) == 1 and chosen[0][1].startswith("4000 at q")

@@ -56,9 +56,6 @@ from .memview_em import audit_em, search_em_neighbours
 from .plots import plot_rocs
 from .releases import batched_release, lr_scores
 
-# the names tests/test_audit_experiment.py has used since this package was one module
-_Book, _audit_flower, _audit_brace = Book, audit_flower, audit_brace
-
 __all__ = [
     "SCHEMA", "EXPERIMENTS", "HEADLINE", "ROWS_PER_SECTION", "ROWS_FLOWER", "ROWS_BRACE", "ROWS_FEDERATION",
     "run", "cross_checks", "Book", "batched_release", "lr_scores",
