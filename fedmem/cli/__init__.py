@@ -4,9 +4,12 @@ Exit codes: 0 success; 1 the run failed (one readable message); 2 invalid scenar
 usage (including a non-empty ``--out`` folder without ``--resume``); 130 interrupted.
 Tracebacks are shown only with ``FEDMEM_DEBUG=1``.
 
-Terminal tables never truncate a number or a file name, whatever the width (CI logs and
-pipes get 80 columns): columns are sized so that no number or name is cut, a table too
-wide for the terminal is shown in column groups, and as a list when even that fails.
+The commands are here; running a scenario in a run folder (the ``--out`` / ``--resume`` guards,
+signals) is in :mod:`fedmem.cli.runfolder`, the terminal tables in :mod:`fedmem.report.console`.
+``fedmem.report`` is imported inside the commands: it loads numpy (``import fedmem.report``
+~260-360 ms vs ``import fedmem.cli`` ~35-50 ms before the move, ``python -X importtime``),
+which ``fedmem list``, ``validate`` and ``--help`` do not need; :func:`print_table` and
+``SHORT_CELL`` stay importable from here through ``__getattr__``.
 """
 
 from __future__ import annotations
@@ -19,143 +22,34 @@ import sys
 import time
 from pathlib import Path
 
+from fedmem.cli.runfolder import RunInterrupted, UsageError, check_out_dir, check_resume, flat_keys, \
+    guard_signals, restore_signals, run_loaded
 from fedmem.errors import FedmemError, ScenarioError
 
-_CHECKOUT = Path(__file__).resolve().parent.parent  # a source checkout: its scenarios/ is the source of truth
+__all__ = [
+    "DEMO_RUNS", "DEMO_SIZE", "RAY_ADDRESS_HELP", "RESUME_HELP", "SCENARIO_DIR", "SHORT_CELL", "RunFailed",
+    "RunInterrupted", "UsageError", "build_parser", "check_out_dir", "check_resume", "cmd_compare", "cmd_demo",
+    "cmd_list", "cmd_run", "cmd_show", "cmd_validate", "find_scenario", "guard_signals", "main", "print_table",
+    "resource_message", "restore_signals", "run_loaded", "run_scenario",
+]
+
+_CHECKOUT = Path(__file__).resolve().parent.parent.parent  # a source checkout: its scenarios/ is the source of truth
 # An installed wheel has no checkout; its build copied the scenarios into fedmem/_scenarios.
 SCENARIO_DIR = (_CHECKOUT / "scenarios" if (_CHECKOUT / "pyproject.toml").is_file()
-                else Path(__file__).resolve().parent / "_scenarios")
-
-
-class UsageError(FedmemError):
-    """Bad command-line usage (exit 2), e.g. a non-empty ``--out`` folder without ``--resume``."""
+                else Path(__file__).resolve().parent.parent / "_scenarios")
 
 
 class RunFailed(FedmemError):
     """A run failed for a reason the CLI explains in one line (exit 1)."""
 
 
-def _console(stderr: bool = False):
-    from rich.console import Console
+def __getattr__(name):
+    """``fedmem.cli.print_table`` and ``SHORT_CELL``: moved to :mod:`fedmem.report.console`, imported on first use."""
+    if name in ("print_table", "SHORT_CELL"):
+        from fedmem.report import console
 
-    return Console(stderr=stderr, highlight=False)
-
-
-# ------------------------------------------------------------------ tables that never truncate
-SHORT_CELL = 24  # cells up to this many characters are never wrapped (numbers, CIs, short labels)
-
-
-def _lines_width(text: str) -> int:
-    from rich.cells import cell_len
-
-    return max((cell_len(line) for line in text.split("\n")), default=0)
-
-
-def _word_width(text: str) -> int:
-    from rich.cells import cell_len
-
-    return max((cell_len(w) for w in text.split()), default=0)
-
-
-def _column_widths(header: str, cells: list[str], keep: bool) -> tuple[int, int]:
-    """(narrowest width that cuts no number, name or short cell; natural width) of one column."""
-    lo = max(_word_width(header), 1)
-    hi = max(_lines_width(header), 1)
-    for c in cells:
-        w = _lines_width(c)
-        hi = max(hi, w)
-        lo = max(lo, w if (keep or w <= SHORT_CELL) else _word_width(c))
-    return lo, hi
-
-
-def _table_width(content_widths) -> int:
-    n = len(content_widths)
-    return sum(w + 2 for w in content_widths) + n + 1  # cell padding 1+1, n+1 vertical borders
-
-
-def print_table(console, title: str, columns, rows, note: str = "", keep=(0,)) -> str:
-    """Print a table on ``console`` without ever cutting a number or a file name.
-
-    ``rows`` hold already formatted strings; columns whose index is in ``keep`` are never
-    wrapped (file names, keys). Returns how it was shown: ``"table"``, ``"groups"`` (the
-    table did not fit, so it was printed in groups of columns, each repeating the first
-    column) or ``"list"`` (not even two columns fit: one ``column: value`` line each).
-    """
-    from rich.table import Table as RichTable
-    from rich.text import Text
-
-    columns = [str(c) for c in columns]
-    rows = [[str(v) for v in r] + [""] * (len(columns) - len(r)) for r in rows]
-    width = max(console.width, 20)
-    ranges = [_column_widths(h, [r[j] for r in rows], j in keep) for j, h in enumerate(columns)]
-
-    def render(idx: list[int], subtitle: str) -> None:
-        lo = [ranges[j][0] for j in idx]
-        hi = [ranges[j][1] for j in idx]
-        if _table_width(hi) <= width:
-            fixed = hi
-        else:  # start from the narrowest safe widths, give the spare room to the widest wants
-            fixed = list(lo)
-            spare = width - _table_width(fixed)
-            while spare > 0:
-                k = max(range(len(idx)), key=lambda i: hi[i] - fixed[i])
-                if hi[k] - fixed[k] <= 0:
-                    break
-                fixed[k] += 1
-                spare -= 1
-        rt = RichTable(title=Text(title + subtitle), title_justify="left")
-        for j, w in zip(idx, fixed):
-            rt.add_column(Text(columns[j]), width=w, overflow="fold", no_wrap=False)
-        for r in rows:
-            rt.add_row(*[Text(r[j]) for j in idx])
-        console.print(rt)
-
-    all_idx = list(range(len(columns)))
-    mode = "table"
-    if _table_width([lo for lo, _ in ranges]) <= width:
-        render(all_idx, "")
-    else:
-        groups, current = [], [0]
-        for j in all_idx[1:]:
-            if _table_width([ranges[i][0] for i in current + [j]]) <= width:
-                current.append(j)
-            elif len(current) > 1:
-                groups.append(current)
-                current = [0, j]
-                if _table_width([ranges[i][0] for i in current]) > width:
-                    groups = None
-                    break
-            else:
-                groups = None
-                break
-        if groups is not None and len(current) > 1:
-            groups.append(current)
-        if groups:
-            mode = "groups"
-            n = len(columns)
-            for g in groups:
-                render(g, f" (columns {g[1] + 1}-{g[-1] + 1} of {n})" if len(g) > 2 else f" (column {g[1] + 1} of {n})")
-        else:
-            mode = "list"
-            console.print(Text(title, style="bold"), soft_wrap=True)
-            for r in rows:
-                console.print(Text(f"- {columns[0]}: {r[0]}"), soft_wrap=True)
-                for h, v in zip(columns[1:], r[1:]):
-                    console.print(Text(f"    {h}: {v}"), soft_wrap=True)
-    if note:
-        console.print(Text(note, style="dim"))
-    return mode
-
-
-def _print_tables(result, console) -> bool:
-    """Print a result's tables; True when every one fitted as a single table."""
-    from fedmem.report import _fmt
-
-    whole = True
-    for t in result.tables:
-        mode = print_table(console, t.title, t.columns, [[_fmt(v) for v in row] for row in t.rows], t.note)
-        whole = whole and mode == "table"
-    return whole
+        return getattr(console, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------ running
@@ -163,207 +57,6 @@ RESUME_HELP = ("continue a run in an existing --out folder: the run uses the dur
                "already there (ledger.sqlite), so privacy budgets already spent stay spent. Only the same run "
                "resumes (same kind and scenario hash, else exit 2); an interrupted run continues after its "
                "last completed phase")
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM during a run: the run folder is written with status "interrupted"."""
-
-    def __init__(self, signame: str = "SIGINT"):
-        super().__init__(signame)
-        self.signame = signame
-
-
-def _on_signal(signum, frame):
-    import signal
-
-    raise RunInterrupted(signal.Signals(signum).name)
-
-
-def guard_signals() -> dict | None:
-    """(Re)install fedmem's SIGINT/SIGTERM handlers: they raise :class:`RunInterrupted`, so the run
-    folder is written. Ray installs absl's failure handler (which prints a raw stack dump on SIGTERM)
-    when it starts; the run context calls this again at every phase and progress bar. Main thread
-    only. Returns the handlers it replaced (for :func:`restore_signals`)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-
-def restore_signals(previous: dict | None) -> None:
-    """Put back the handlers :func:`guard_signals` replaced (a run in a longer-lived process, e.g. a
-    test or a notebook, leaves the process's signal handling as it found it)."""
-    import signal
-    import threading
-
-    if not previous or threading.current_thread() is not threading.main_thread():
-        return
-    for sig, handler in previous.items():
-        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-
-def check_out_dir(out_dir: Path, resume: bool) -> None:
-    """Refuse an ``--out`` that is a file, or a non-empty folder unless ``resume``."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} is a file, expected a run folder")
-    if resume or not out_dir.is_dir():
-        return
-    entries = sorted(p.name for p in out_dir.iterdir())
-    if entries:
-        shown = ", ".join(entries[:4]) + (f", ... ({len(entries)} entries)" if len(entries) > 4 else "")
-        raise UsageError(
-            f"--out {out_dir} is not empty (it holds {shown}); use a new or empty folder, or pass --resume to "
-            f"continue there: the run then uses the durable ledgers/accountants already in that folder, so "
-            f"budgets already spent stay spent")
-
-
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in (d or {}).items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def check_resume(out_dir: Path, scenario, sha: str, cfg: dict) -> dict | None:
-    """The manifest of the run folder ``out_dir`` when ``scenario`` may resume it; :class:`UsageError`
-    (exit 2) saying what differs otherwise. None for an empty folder (nothing to resume)."""
-    from fedmem.report import read_manifest
-
-    if not out_dir.is_dir() or not any(out_dir.iterdir()):
-        return None
-    manifest = read_manifest(out_dir)
-    theirs_cfg = None
-    if manifest is None:  # a folder written before run.json existed: its results.json says what ran
-        try:
-            old = json.loads((out_dir / "results.json").read_text())
-            manifest = {"kind": old["kind"], "scenario_sha256": None, "status": "complete", "phases": {}}
-            theirs_cfg = old.get("config")
-        except (OSError, ValueError, KeyError, TypeError):
-            raise UsageError(f"--resume: {out_dir} holds no fedmem run (no readable run.json or results.json); "
-                             "refusing to book into it") from None
-    kind = scenario.experiment.kind
-    if manifest.get("kind") != kind:
-        raise UsageError(f"--resume: {out_dir} holds a run of kind {manifest.get('kind')!r} "
-                         f"({manifest.get('name', '?')}), this scenario is kind {kind!r}; a run folder is one run: "
-                         "use a new --out")
-    if manifest.get("scenario_sha256") != sha:
-        if theirs_cfg is None:
-            try:
-                import tomllib
-
-                theirs_cfg = tomllib.loads((out_dir / "scenario.resolved.toml").read_text())
-            except (OSError, ValueError):
-                theirs_cfg = {}
-        a, b = _flat(theirs_cfg), _flat(cfg)
-        diff = [k for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
-        if diff or manifest.get("scenario_sha256") is not None:
-            shown = "; ".join(f"{k}: {a.get(k, '<absent>')!r} there, {b.get(k, '<absent>')!r} here"
-                              for k in diff[:6]) + (f"; ... ({len(diff)} keys)" if len(diff) > 6 else "")
-            raise UsageError(f"--resume: {out_dir} holds a different scenario (scenario_sha256 "
-                             f"{str(manifest.get('scenario_sha256'))[:12]} there, {sha[:12]} here"
-                             + (f"; {shown}" if shown else "") + "); a run folder is one run: use a new --out, "
-                             "or resume with the folder's own scenario.resolved.toml")
-    return manifest
-
-
-def _new_out_dir(scenario) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    out_dir = Path("runs") / f"{scenario.name}-{stamp}"
-    n = 2
-    while out_dir.exists():  # a fresh folder per run, even for two runs started in the same second
-        out_dir = Path("runs") / f"{scenario.name}-{stamp}-{n}"
-        n += 1
-    return out_dir
-
-
-def _remove_created(out_dir: Path, existed: bool) -> None:
-    """Remove what a run that booked nothing created in a folder that was empty or absent."""
-    import shutil
-
-    if not existed:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        return
-    for p in out_dir.iterdir():
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
-
-
-def run_loaded(scenario, out=None, as_json=False, ray_address=None, show_progress=True, resume=False, argv=None):
-    """Run an already loaded scenario and write its folder. Returns (payload, result, out_dir).
-
-    The folder holds one run. With ``resume`` it must hold the same kind and scenario hash
-    (else :class:`UsageError`); a run interrupted there continues after its completed phases.
-    SIGINT/SIGTERM write the folder with status "interrupted" and raise :class:`RunInterrupted`;
-    a run that fails before its first booking removes what it created in a new/empty folder.
-    """
-    from fedmem.report import RunContext, resolved_text, write_manifest
-
-    if out:
-        out_dir = Path(out)
-        check_out_dir(out_dir, resume)
-    else:
-        if resume:
-            raise UsageError("--resume needs --out <the run folder to continue>")
-        out_dir = _new_out_dir(scenario)
-    _, sha, cfg = resolved_text(scenario)
-    existed = out_dir.is_dir()
-    empty_before = not existed or not any(out_dir.iterdir())
-    old_manifest = check_resume(out_dir, scenario, sha, cfg) if resume else None
-    resumed = old_manifest is not None
-    phases = (old_manifest or {}).get("phases") if (old_manifest or {}).get("status") != "complete" else None
-    ctx = RunContext(out_dir, scenario.config["seed"], show_progress=show_progress and not as_json,
-                     ray_address=ray_address, quiet=as_json, resumed=resumed, phases=phases)
-    ctx.signal_hook = guard_signals
-    manifest = dict(old_manifest or {})
-    manifest.update(kind=scenario.experiment.kind, name=scenario.name, scenario_sha256=sha, status="running",
-                    started=time.strftime("%Y-%m-%dT%H:%M:%S"), argv=list(sys.argv if argv is None else argv),
-                    runs=int(manifest.get("runs", 0)) + 1, phases=dict(phases or {}))
-    write_manifest(out_dir, manifest)
-    previous = guard_signals()
-    try:
-        return _run_guarded(scenario, ctx, out_dir, existed, empty_before, old_manifest, argv)
-    finally:
-        restore_signals(previous)
-
-
-def _run_guarded(scenario, ctx, out_dir, existed, empty_before, old_manifest, argv):
-    from fedmem.report import count_bookings, write_manifest, write_run
-
-    t0 = time.perf_counter()
-    try:
-        result = scenario.experiment.run(scenario.config, ctx)
-    except BaseException as exc:
-        import signal
-
-        wall = time.perf_counter() - t0
-        if isinstance(exc, SystemExit) and exc.code in (signal.SIGTERM, -signal.SIGTERM):
-            exc = RunInterrupted("SIGTERM")   # Ray's own SIGTERM handler exits with code 15
-        booked = count_bookings(out_dir, ctx.ledger_marks)
-        if isinstance(exc, KeyboardInterrupt):
-            signame = getattr(exc, "signame", "SIGINT")
-            write_run(scenario, ctx, None, wall, status="interrupted", error=f"{signame} received", argv=argv)
-            if isinstance(exc, RunInterrupted):
-                raise
-            raise RunInterrupted(signame) from exc
-        if booked == 0 and empty_before:
-            _remove_created(out_dir, existed)      # nothing booked: the same --out can be used again
-        elif booked == 0 and old_manifest is not None:
-            write_manifest(out_dir, old_manifest)  # a failed resume that booked nothing changes nothing
-        else:
-            msg = " ".join(str(exc).split())
-            write_run(scenario, ctx, None, wall, status="failed", error=f"{type(exc).__name__}: {msg}"[:500],
-                      argv=argv)
-        raise
-    wall = time.perf_counter() - t0
-    payload = write_run(scenario, ctx, result, wall, argv=argv)
-    return payload, result, out_dir
 
 
 def find_scenario(arg) -> Path:
@@ -455,8 +148,10 @@ def cmd_run(args) -> int:
     else:
         from rich.text import Text
 
-        console = _console()
-        whole = _print_tables(result, console)
+        from fedmem.report import make_console, print_result_tables
+
+        console = make_console()
+        whole = print_result_tables(result, console)
         extra = "" if whole else f"; full tables in {out_dir / 'report.md'}"
         console.print(Text(f"run folder: {out_dir}  (results.json, report.md, {len(payload['figures'])} plot(s)); "
                            f"wall {payload['wall_s']:.1f} s{extra}"), soft_wrap=True)
@@ -521,11 +216,12 @@ def cmd_show(args) -> int:
     """``fedmem show KIND``: every key of a kind. ``fedmem show SCENARIO`` (a bundled name or a file):
     the scenario's resolved keys (defaults filled in), and where it is."""
     from fedmem.registry import get_experiment, known_kinds
+    from fedmem.report import make_console, print_table
     from fedmem.scenario import describe_schema, full_schema, load_scenario
 
     if args.kind in known_kinds():
         exp = get_experiment(args.kind)
-        print_table(_console(), f"{exp.kind}: {exp.description}", ["key", "type", "default", "meaning"],
+        print_table(make_console(), f"{exp.kind}: {exp.description}", ["key", "type", "default", "meaning"],
                     describe_schema(full_schema(exp)), keep=(0,))
         return 0
     try:
@@ -536,8 +232,8 @@ def cmd_show(args) -> int:
         raise ScenarioError([("kind", f"{args.kind!r} is neither an experiment kind ({', '.join(known_kinds())}) "
                                       "nor a scenario file or bundled scenario name (see `fedmem list`)")])
     sc = load_scenario(path, list(getattr(args, "set", None) or []))
-    rows = [[k, repr(v)] for k, v in _flat(sc.config.to_dict()).items()]
-    print_table(_console(), f"{sc.name} ({sc.experiment.kind}) from {path}", ["key", "value"], rows, keep=(0,),
+    rows = [[k, repr(v)] for k, v in flat_keys(sc.config.to_dict()).items()]
+    print_table(make_console(), f"{sc.name} ({sc.experiment.kind}) from {path}", ["key", "value"], rows, keep=(0,),
                 note=f"run it: fedmem run {args.kind}; every key of the kind: fedmem show {sc.experiment.kind}")
     return 0
 
@@ -557,6 +253,8 @@ DEMO_RUNS = [
 def cmd_demo(args) -> int:
     """Run DEMO_RUNS and print what the adversary got in each, side by side."""
     from rich.text import Text
+
+    from fedmem.report import make_console, print_result_tables, print_table
 
     def _demo_rows(runs) -> list[tuple[str, list[str]]]:
         """Comparison rows (label, one cell per run) from the runs' metrics."""
@@ -608,7 +306,7 @@ def cmd_demo(args) -> int:
                      [num(get(m, "utility_mse"), "{:.3g}") for m in runs]))
         return rows
 
-    console = _console()
+    console = make_console()
     console.print("[bold]fedmem demo[/bold]: 40 memory shards answer 300 adaptive queries through secure "
                   "aggregation + Gaussian DP (sigma=1.2, delta=1e-6). The DP noise hides the values; the "
                   "question is what the [italic]support[/italic] (which shards took part, how many) gives away.")
@@ -616,7 +314,7 @@ def cmd_demo(args) -> int:
     for i, (title, fname, overrides) in enumerate(DEMO_RUNS, 1):
         console.rule(f"{i}/{len(DEMO_RUNS)}  {title}")
         payload, result, out_dir = run_scenario(SCENARIO_DIR / fname, overrides, None, False, args.ray_address)
-        _print_tables(result, console)
+        print_result_tables(result, console)
         console.print(Text(f"run folder: {out_dir}"), soft_wrap=True)
         runs.append(payload["metrics"])
         folders.append(str(out_dir))
@@ -640,7 +338,7 @@ def cmd_compare(args) -> int:
     import csv
 
     from fedmem.figures import compare_figure
-    from fedmem.report import _fmt, compare_runs, to_jsonable
+    from fedmem.report import compare_runs, format_value, make_console, print_table, to_jsonable
 
     try:
         cmp = compare_runs([Path(d) for d in args.run_dirs], all_metrics=args.all)
@@ -649,7 +347,8 @@ def cmd_compare(args) -> int:
     out_dir = Path(args.out) if args.out else Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     out_dir.mkdir(parents=True, exist_ok=True)
     fig = compare_figure(out_dir, cmp["runs"], cmp["numeric"])
-    cells = [[_fmt(v) if not isinstance(v, (list, dict)) else json.dumps(v) for v in row] for row in cmp["rows"]]
+    cells = [[format_value(v) if not isinstance(v, (list, dict)) else json.dumps(v) for v in row]
+             for row in cmp["rows"]]
     with open(out_dir / "compare.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["key", *cmp["runs"]])
@@ -665,7 +364,7 @@ def cmd_compare(args) -> int:
         return 0
     note = (f"{cmp['omitted']} more metric(s) not shown (--all shows them). " if cmp["omitted"] else "") + \
         f"Written: {out_dir}/compare.md, compare.csv" + (", compare.png, compare.pdf" if fig is not None else "")
-    print_table(_console(), "Runs side by side", ["key", *cmp["runs"]], cells, note=note, keep=(0,))
+    print_table(make_console(), "Runs side by side", ["key", *cmp["runs"]], cells, note=note, keep=(0,))
     return 0
 
 
@@ -758,6 +457,3 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Durable ledgers of a run folder: the last booking per SQLite store, the bookings made after
+a mark, and per accountant / ledger the bookings and epsilon of this run next to the folder's
+total across resumes (with their table in report.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _ro(path: Path):
+    import sqlite3
+
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+
+
+def _tables(conn) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def ledger_marks(folder: Path) -> dict[str, dict[str, int]]:
+    """For every SQLite store under ``folder``: the last accountant-event and ledger-charge id."""
+    import sqlite3
+
+    marks = {}
+    for p in sorted(Path(folder).rglob("*.sqlite")):
+        try:
+            conn = _ro(p)
+            try:
+                names = _tables(conn)
+                m = {}
+                for table in ("accountant_events", "ledger_charges"):
+                    if table in names:
+                        m[table] = int(conn.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0])
+                if m:
+                    marks[p.relative_to(folder).as_posix()] = m
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            continue
+    return marks
+
+
+def count_bookings(folder: Path, marks: dict | None = None) -> int:
+    """Bookings in the stores under ``folder`` made after ``marks`` (all of them when None)."""
+    now = ledger_marks(folder)
+    total = 0
+    for f, m in now.items():
+        for table, last in m.items():
+            total += max(0, last - ((marks or {}).get(f, {}).get(table, 0)))
+    return total
+
+
+COMPOSE_LIMIT = 2000  # events per accountant composed for the report (beyond: counts only)
+
+
+def _compose(kind: str, events: list[str], delta: float) -> float:
+    from fedmem.dp import Accountant
+    from fedmem.dp.accountant import event_from_dict
+
+    acc = Accountant(kind, name="report")
+    for ev in events:
+        acc.book(event_from_dict(json.loads(ev)))
+    return acc.spent(delta)
+
+
+def ledger_summary(folder: Path, marks: dict, delta: float | None = None, limit: int = 50) -> list[dict]:
+    """Per accountant / ledger of every store under ``folder``: bookings and epsilon of this run
+    (after ``marks``) next to the total across every run in the folder (resumes included).
+
+    Accountants report epsilon at their budget's delta, else at ``delta`` (None: counts only);
+    pure ledgers report the largest per-attribute spend. At most ``limit`` rows.
+    """
+    import sqlite3
+
+    rows: list[dict] = []
+    for f in sorted(ledger_marks(folder)):
+        start = marks.get(f, {})
+        try:
+            conn = _ro(Path(folder) / f)
+        except sqlite3.Error:
+            continue
+        try:
+            names = _tables(conn)
+            if "accountant_events" in names and "accountant_meta" in names:
+                meta = {a: (k, bd) for a, k, bd in conn.execute(
+                    "SELECT accountant, kind, budget_delta FROM accountant_meta ORDER BY accountant")}
+                for acc_name, (kind, bdelta) in meta.items():
+                    evs = conn.execute("SELECT id, event FROM accountant_events WHERE accountant=? ORDER BY id",
+                                       (acc_name,)).fetchall()
+                    mine = [e for i, e in evs if i > start.get("accountant_events", 0)]
+                    at = bdelta if bdelta is not None else delta
+                    row = {"store": f, "type": "accountant", "name": acc_name, "kind": kind,
+                           "bookings_this_run": len(mine), "bookings_total": len(evs),
+                           "delta": at, "epsilon_this_run": None, "epsilon_total": None}
+                    if at is not None and 0 < at < 1 and len(evs) <= COMPOSE_LIMIT:
+                        try:
+                            row["epsilon_total"] = _compose(kind, [e for _, e in evs], at)
+                            row["epsilon_this_run"] = (_compose(kind, mine, at) if len(mine) != len(evs)
+                                                       else row["epsilon_total"])
+                        except Exception:  # noqa: BLE001 - a summary never fails a run
+                            pass
+                    rows.append(row)
+            if "ledger_charges" in names:
+                for (lname,) in conn.execute("SELECT DISTINCT ledger FROM ledger_charges ORDER BY ledger"):
+                    tot: dict = {}
+                    run: dict = {}
+                    n_all = n_mine = 0
+                    for i, attrs, eps in conn.execute(
+                            "SELECT id, attrs, epsilon FROM ledger_charges WHERE ledger=? ORDER BY id", (lname,)):
+                        n_all += 1
+                        new = i > start.get("ledger_charges", 0)
+                        n_mine += new
+                        for a in json.loads(attrs):
+                            tot[a] = tot.get(a, 0.0) + eps
+                            if new:
+                                run[a] = run.get(a, 0.0) + eps
+                    rows.append({"store": f, "type": "ledger (pure eps, largest attribute)", "name": lname,
+                                 "kind": "pure", "bookings_this_run": n_mine, "bookings_total": n_all,
+                                 "delta": None, "epsilon_this_run": max(run.values(), default=0.0),
+                                 "epsilon_total": max(tot.values(), default=0.0)})
+        except (sqlite3.Error, ValueError):
+            pass
+        finally:
+            conn.close()
+        if len(rows) >= limit:
+            break
+    return rows[:limit]
+
+
+def ledger_markdown(rows: list[dict], resumed: bool) -> str:
+    def e(x):
+        return "-" if x is None else f"{x:.4g}"
+
+    lines = ["| store | accountant / ledger | bookings this run | bookings total | eps this run | eps total "
+             "| at delta |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        at = "-" if r["delta"] is None else f"{r['delta']:g}"
+        lines.append(f"| {r['store']} | {r['name']} ({r['kind']}) | {r['bookings_this_run']} | "
+                     f"{r['bookings_total']} | {e(r['epsilon_this_run'])} | {e(r['epsilon_total'])} | {at} |")
+    lines += ["", "This run: bookings made (and epsilon composed) by this run only. Total: every booking in the "
+              "store, across " + ("the earlier runs resumed here and this one" if resumed else
+                                  "every run in this folder (only this one)") +
+              ". Epsilon of accountants is composed at their budget's delta, else at the scenario's delta "
+              "(- when neither is known or there are too many events); pure ledgers show the largest "
+              "per-attribute spend."]
+    return "\n".join(lines)
