@@ -163,7 +163,7 @@ def test_peer_game_within_booked_epsilon_and_catches_a_leaky_federation(tmp_path
     games do not share a per-principal budget."""
     import ray.cloudpickle
 
-    from fedmem.agent.adversaries import federation_games, pick_target
+    from fedmem.attacks.agent_boundaries import federation_games, pick_target
     from fedmem.agent.federation_service import start_federation_service
     from fedmem.bench.shards import without_record
 

@@ -9,7 +9,7 @@ delta)-type boundaries, which boundary dominates, and the booking check of
 
 Each agent is a Ray actor (:class:`fedmem.agent.actors.AgentHost`) with its own ledger
 file (``ledgers/<user>.sqlite``); the federation runs in a service actor and books into
-``federation.sqlite``. After the session, :mod:`fedmem.agent.adversaries` plays a
+``federation.sqlite``. After the session, :mod:`fedmem.attacks.agent_boundaries` plays a
 distinguishing game at every boundary (third-party app, external model provider,
 curious peer agent, aggregator) against this agent and against an undefended agent (raw
 memory, no gateway, clean context) on the same tasks and seeds.
@@ -111,7 +111,7 @@ def run(cfg, ctx) -> Result:
     import ray
 
     from fedmem._ray import ensure_ray
-    from fedmem.agent import adversaries as adv
+    from fedmem.attacks import agent_boundaries as adv
     from fedmem.agent.dpmind import load_minilm
     from fedmem.agent.federation_service import start_federation_service
     from fedmem.agent.session import make_world, open_session
