@@ -1,0 +1,122 @@
+"""Event (de)serialisation: a booked event as the JSON object stored in the SQLite ledgers.
+
+:func:`event_to_dict` / :func:`event_from_dict` (also reads the legacy ``{"type": ...}``
+rows). The stored format is fixed: rows already written must read back identically.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import functools
+
+import dp_accounting
+
+from fedmem.dp.mechanisms import ApproxDpEvent, PureDpEvent
+
+# ------------------------------------------------------------------ event (de)serialisation
+# dp-accounting 0.6.0 serialises events only to / from NamedTuples
+# (``DpEvent.to_named_tuple`` / ``DpEvent.from_named_tuple``), not to dicts or JSON. A row
+# is that named tuple as a JSON object: ``{"module_name", "class_name", <fields>}``, nested
+# events likewise. fedmem's own records (``PureDpEvent``, ``ApproxDpEvent``; plain
+# dataclasses, not attrs classes) use the same shape. ``from_named_tuple`` imports whatever
+# module a row names, so rows are checked against an allow-list first.
+_FEDMEM_MODULE = "fedmem.dp.mechanisms"
+_FEDMEM_EVENTS = {"PureDpEvent": PureDpEvent, "ApproxDpEvent": ApproxDpEvent}
+_DPA_MODULE = "dp_accounting.dp_event"
+_LEGACY_TYPES = ("pure", "approx", "gaussian", "laplace", "self_composed", "composed")
+
+_TO_DICT_MEMO: dict = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _named_tuple_class(name: str, fields: tuple):
+    """The named-tuple class dp-accounting's deserialiser takes (made once per shape, not per row)."""
+    return collections.namedtuple(f"_{name}NamedTuple", ["module_name", "class_name", *fields])
+
+
+def _tuple_to_json(value):
+    if isinstance(value, (PureDpEvent, ApproxDpEvent)):
+        return event_to_dict(value)
+    if isinstance(value, dp_accounting.dp_event.DpEventNamedTuple):
+        return {k: _tuple_to_json(v) for k, v in value._asdict().items()}
+    if isinstance(value, (list, tuple)):
+        return [_tuple_to_json(v) for v in value]
+    return value
+
+
+def event_to_dict(event) -> dict:
+    """JSON-ready dict of ``event`` (any dp-accounting event, or a fedmem pure/approx record).
+
+    dp-accounting events go through ``DpEvent.to_named_tuple``; the result names the
+    event's module and class. Anything else raises ``TypeError``.
+    """
+    if isinstance(event, (PureDpEvent, ApproxDpEvent)):
+        return {"module_name": _FEDMEM_MODULE, "class_name": type(event).__name__, **dataclasses.asdict(event)}
+    if isinstance(event, dp_accounting.DpEvent):
+        # to_named_tuple builds a namedtuple class per call (exec/eval, ~1 ms): memoised per
+        # (frozen, hashable) event; every caller gets its own deep copy
+        try:
+            got = _TO_DICT_MEMO.get(event)
+        except TypeError:   # an unhashable event: no memo
+            return _tuple_to_json(event.to_named_tuple())
+        if got is None:
+            got = _tuple_to_json(event.to_named_tuple())
+            if len(_TO_DICT_MEMO) < 4096:
+                _TO_DICT_MEMO[event] = got
+        return copy.deepcopy(got)
+    raise TypeError(f"event must be a dp_accounting.DpEvent, PureDpEvent or ApproxDpEvent. "
+                    f"Found {type(event).__name__}.")
+
+
+def _legacy_from_dict(d: dict):
+    """Rows written before events were stored as dp-accounting named tuples."""
+    t = d["type"]
+    if t == "pure":
+        return PureDpEvent(epsilon=d["epsilon"], mechanism=d.get("mechanism", "pure"))
+    if t == "approx":
+        return ApproxDpEvent(epsilon=d["epsilon"], delta=d["delta"], mechanism=d.get("mechanism", "approx"))
+    if t == "gaussian":
+        return dp_accounting.GaussianDpEvent(d["noise_multiplier"])
+    if t == "laplace":
+        return dp_accounting.LaplaceDpEvent(d["noise_multiplier"])
+    if t == "self_composed":
+        return dp_accounting.SelfComposedDpEvent(event_from_dict(d["event"]), d["count"])
+    if t == "composed":
+        return dp_accounting.ComposedDpEvent([event_from_dict(e) for e in d["events"]])
+    raise ValueError(f"event type must be one of {'/'.join(_LEGACY_TYPES)}. Found {t!r}.")
+
+
+def _json_to_value(value):
+    if isinstance(value, dict):
+        return event_from_dict(value)
+    if isinstance(value, list):
+        return [_json_to_value(v) for v in value]
+    return value
+
+
+def event_from_dict(d: dict):
+    """Inverse of :func:`event_to_dict`; also reads rows in the older ``{"type": ...}`` form."""
+    if not isinstance(d, dict):
+        raise ValueError(f"event must be a dict. Found {d!r}.")
+    if "type" in d and "class_name" not in d:
+        return _legacy_from_dict(d)
+    module, name = d.get("module_name"), d.get("class_name")
+    fields = {k: _json_to_value(v) for k, v in d.items() if k not in ("module_name", "class_name")}
+    if module == _FEDMEM_MODULE and name in _FEDMEM_EVENTS:
+        try:
+            return _FEDMEM_EVENTS[name](**fields)
+        except TypeError as exc:
+            raise ValueError(f"event fields of {name} must be {_FEDMEM_EVENTS[name].__dataclass_fields__.keys()}. "
+                             f"Found {sorted(fields)}.") from exc
+    cls = getattr(dp_accounting.dp_event, name, None) if module == _DPA_MODULE and isinstance(name, str) else None
+    if not (isinstance(cls, type) and issubclass(cls, dp_accounting.DpEvent)):
+        raise ValueError(f"event module_name/class_name must name a dp_accounting.dp_event event or a fedmem "
+                         f"PureDpEvent/ApproxDpEvent. Found {module!r}/{name!r}.")
+    # The named tuple dp-accounting's own deserialiser takes (nested events already built).
+    nt = _named_tuple_class(name, tuple(fields))
+    try:
+        return dp_accounting.DpEvent.from_named_tuple(nt(module, name, **fields))
+    except TypeError as exc:
+        raise ValueError(f"event fields of {name} must be its attrs fields. Found {sorted(fields)}.") from exc
