@@ -1,31 +1,25 @@
-"""Attack games against a running :class:`~fedmem.federation.engine.Federation`.
+"""The attack library for games against a running :class:`~fedmem.federation.engine.Federation`.
 
-The adversary library of :mod:`fedmem.attacks.observable` and :mod:`fedmem.attacks.support`
-driven through the public client API only (``Federation.connect()``); the operator's audit
-log, the accountant and the ground truth are read for evaluation only.
+The attack names, and what the games measure from each answer: the leak judgement of a
+forwarded response against the ground truth (:func:`leak_reasons`), the booked DP events, the
+reference support and selection (:func:`reference_support`, :func:`relevant_selection`), the
+float low-bit hypotheses per world (:func:`float_hypotheses`, :func:`float_bits_score`), the
+worst-case candidate record and the two neighbouring worlds of a membership game
+(:func:`worst_case_candidate`, :func:`neighbours`), and the per-world booking a row is judged
+against (:func:`booked_per_world`). Everything takes library objects (the federation config,
+data, responses, ground truth, RNGs).
 
-* :func:`run_reconstruction`: (a) the adaptive cardinality-reconstruction stream.
-* :func:`run_games`: membership games (world with / without a worst-case record, alive at
-  once) for every observable: (b) differencing, (c) noise scale, refusal content, admission
-  oracle (offline boundary search), timing (interleaved), silent-retry and near-duplicate
-  averaging, float low-bit reachability (:mod:`fedmem.attacks.float_bits`, on the same
-  single-query trials); every trial from a fresh principal.
-* :func:`run_spreading`: one adversary spread over many principals (real budgets).
-* :func:`run_retries`: (d) one query re-asked ``r`` times, declared and silent.
-
-Each function takes the scenario config (``cfg.federation``, ``cfg.attack``) and the run
-context (seeded RNG streams, progress).
+The scenario-driven game runners that build federations from a scenario and drive these
+pieces through the public client API (``run_reconstruction``, ``run_games``,
+``run_spreading``, ``run_retries``, ``game_config``) are in
+:mod:`fedmem.experiments.support_leak_games`.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass
 
 import numpy as np
-
-from fedmem.federation import services
 
 ATTACKS = ("reconstruction", "differencing", "noise_scale", "refusal_content", "admission_oracle", "timing",
            "retry_averaging", "near_duplicate", "float_bits", "principal_spreading", "retries")
@@ -36,33 +30,12 @@ VALUE_ATTACKS = ("differencing", "noise_scale")
 trials (no extra queries): every scenario that releases floats is checked for low-bit leaks."""
 
 
-@dataclass
-class QueryRecord:
-    index: int
-    family: str
-    retry_of: int | None
-    released: bool
-    reasons: tuple
-    channels: tuple
-    estimate: float
-    channel_used: str
-    true_n: int
-    count_est: float
-    count_true: int
-    mse: float
-    leaky: bool
-    bookings: int
-    booked_events: int         # DP events (leaves) booked for this query
-    uncovered: bool            # released with a channel the bookings do not cover
-    eps_after: float
-
-
-def _exact_mean(truth) -> np.ndarray | None:
+def exact_mean(truth) -> np.ndarray | None:
     c = int(truth.count)
     return None if c <= 0 else np.asarray(truth.sum, dtype=np.float64) / c
 
 
-def _leaky(resp, truth, f) -> list[str]:
+def leak_reasons(resp, truth, f) -> list[str]:
     """Why a *forwarded* response leaks support beyond the accountant (papers/003 Conditions).
 
     Exact per-shard receipts or an exact selected count whose value depends on the data
@@ -86,7 +59,7 @@ def _leaky(resp, truth, f) -> list[str]:
     return why
 
 
-def _leaf_events(d) -> int:
+def leaf_events(d) -> int:
     """Number of elementary DP events in a booked event (a stored dict or a dp-accounting event)."""
     import dp_accounting
 
@@ -94,13 +67,13 @@ def _leaf_events(d) -> int:
 
     ev = event_from_dict(d) if isinstance(d, dict) else d
     if isinstance(ev, dp_accounting.ComposedDpEvent):
-        return sum(_leaf_events(e) for e in ev.events)
+        return sum(leaf_events(e) for e in ev.events)
     if isinstance(ev, dp_accounting.SelfComposedDpEvent):
-        return int(ev.count) * _leaf_events(ev.event)
+        return int(ev.count) * leaf_events(ev.event)
     return 1
 
 
-def _dp_channels_expected(resp, f) -> int:
+def dp_channels_expected(resp, f) -> int:
     """DP channels a released response carries: the value, plus the receipts when noised."""
     n = 1 if "value" in resp.channels else 0
     if f.receipts == "noised" and f.selection != "broadcast" and "receipts" in resp.channels:
@@ -108,7 +81,7 @@ def _dp_channels_expected(resp, f) -> int:
     return n
 
 
-def _noise_std_of_n(f):
+def noise_std_of_n(f):
     """Public noise std of the released mean as a function of the selected count n.
 
     Realized calibration divides the sum's noise ``sigma * 2C`` by the realized count
@@ -120,7 +93,7 @@ def _noise_std_of_n(f):
     return lambda n: f.sigma * 2.0 * f.clip / max(1, n)
 
 
-def _broadcast(f) -> bool:
+def is_broadcast(f) -> bool:
     return f.selection == "broadcast" or f.receipts == "broadcast"
 
 
@@ -155,76 +128,13 @@ def reference_support(data, q, f, truth) -> int:
     """
     from fedmem.attacks.support import true_cardinality
 
-    if not _broadcast(f):
+    if not is_broadcast(f):
         return true_cardinality(truth)
     return relevant_selection(data, q, f)[0]
 
 
-# ------------------------------------------------------------------- (a) reconstruction
-def run_reconstruction(cfg, ctx, data, fed, acc) -> list[QueryRecord]:
-    """The adaptive stream: one query at a time (the next depends on this answer).
-
-    The adversary is one principal (``fed.connect()``); refusals are read as such. The
-    reasons and bookings come from the operator's audit log and accountant (evaluation
-    only, never shown to the adversary).
-    """
-    from fedmem.attacks.adaptive import AdaptiveAdversary
-    from fedmem.attacks.support import reconstruct_cardinality, reconstruct_count
-    from fedmem.errors import SupportPrivacyViolation
-
-    f, a = cfg.federation, cfg.attack
-    arng = ctx.rng("adversary")
-    anchors = data.centers + a.anchor_noise * arng.standard_normal(data.centers.shape) / math.sqrt(f.key_dim)
-    adv = AdaptiveAdversary(anchors, arng, shards=f.shards, k_local=f.k_local, step=a.step, explore=a.explore)
-    client = fed.connect()
-    std_of_n = _noise_std_of_n(f)
-    records: list[QueryRecord] = []
-    norms_sq: list[float] = []   # the adversary's own history of ||released||^2
-    for _ in ctx.progress(range(a.queries), a.queries, "adaptive queries"):
-        p = adv.next_query()
-        before = acc.count
-        resp = None
-        try:
-            resp = client.retrieve(p.q, family=p.family, retry_of=p.retry_of)
-        except SupportPrivacyViolation:
-            pass
-        log = getattr(fed, "audit", None)
-        last = log[-1] if log else None
-        reasons = tuple(last.reasons) if last is not None else ()
-        if last is not None and last.decision == "admitted_fallback":
-            reasons = reasons + ("(answered by the support-safe broadcast)",)
-        adv.observe(p, resp)
-        truth = fed.ground_truth(p.q)
-        hist = acc.history[before:] if acc.count > before else []
-        n_events = sum(_leaf_events(b.event) for b in hist)
-        if resp is not None:
-            # signal prior learnt from past answers: the quietest releases (largest n) are ~ ||mean||^2
-            sig = float(np.min(norms_sq)) if len(norms_sq) >= 10 else f.clip ** 2 / 2
-            est, used = reconstruct_cardinality(resp, shards=f.shards, k_local=f.k_local, noise_std_of_n=std_of_n,
-                                                signal_sq=sig)
-            cest = reconstruct_count(resp, shards=f.shards, k_local=f.k_local, noise_std_of_n=std_of_n,
-                                     signal_sq=sig)
-            norms_sq.append(float(np.sum(np.asarray(resp.value, dtype=np.float64) ** 2)))
-            bcast = _broadcast(f) or getattr(resp, "selection", f.selection) == "broadcast"
-            exact = relevant_selection(data, p.q, f)[1] if bcast else _exact_mean(truth)
-            mse = float(np.mean((np.asarray(resp.value) - exact) ** 2)) if exact is not None else float("nan")
-            why = _leaky(resp, truth, f)
-            channels = tuple(resp.channels)
-            uncovered = bool(why) or n_events < _dp_channels_expected(resp, f)
-        else:
-            uncovered = False
-            est, cest, used, mse, why, channels = float("nan"), float("nan"), "rejected", float("nan"), [], ()
-        eps = acc.spent(f.delta) if acc.count else 0.0
-        records.append(QueryRecord(p.index, p.family, p.retry_of, resp is not None, reasons, channels, est, used,
-                                   reference_support(data, p.q, f, truth), cest,
-                                   relevant_selection(data, p.q, f)[2] if _broadcast(f) else int(truth.count),
-                                   mse, bool(why),
-                                   acc.count - before, n_events, uncovered, eps))
-    return records
-
-
 # ------------------------------------------------------------------ float low bits
-def _float_hypotheses(feds: dict, truths: dict):
+def float_hypotheses(feds: dict, truths: dict):
     """The adversary's hypothesis per world for a primary-route release: the world's policy
     (public configuration: noise, sampling, calibration, denominator), the denominator it
     applies, and the sum it selects. The adversary knows both neighbouring datasets in the DP
@@ -274,7 +184,7 @@ def float_bits_score(obs, bad, primary_selection: str) -> float:
 
 
 # ------------------------------------------------- membership games over every observable
-def _candidate(data, rng, f):
+def worst_case_candidate(data, rng, f):
     """The auditor's candidate record: worst case, as privacy audits choose their neighbours.
 
     A key near one of the rarest topics (fewest holding shards: the smallest contributing
@@ -327,167 +237,6 @@ def neighbours(data, shard: int, key, value, relation: str, rng) -> dict:
     return {"with": world_with, "without": with_record(data, shard, filler, -np.asarray(value, dtype=np.float64))}
 
 
-def _ask_trials(fed, qs, per_trial: int, max_batch: int):
-    """Ask ``qs`` in trials of ``per_trial`` consecutive queries, each trial from its own fresh
-    principal, batched across principals. Returns (observations, epsilon booked per trial), the
-    latter read from the federation's own per-principal accountant (what it charged, not what
-    the responses claim)."""
-    from fedmem.attacks.observable import observations
-
-    qs = np.asarray(qs, dtype=np.float64)
-    n_trials = qs.shape[0] // per_trial
-    pids = [fed.connect().principal for _ in range(n_trials)]
-    plist = [pids[i // per_trial] for i in range(n_trials * per_trial)]
-    obs = []
-    for i in range(0, len(plist), max_batch):
-        t0 = time.perf_counter()
-        got = fed.retrieve_many(qs[i:i + max_batch], principal=plist[i:i + max_batch])
-        obs += observations(got, (time.perf_counter() - t0) / max(1, len(got)))
-    return obs, [fed.gateway.principal_spent(p) for p in pids]
-
-
-def _count_fn(data, f):
-    """The adversary's offline count of selected records for a query (it knows this dataset)."""
-    def count(q):
-        if _broadcast(f):
-            return f.shards * f.k_local
-        if f.selection == "topk":
-            return f.k
-        return relevant_selection(data, q, f)[2]
-    return count
-
-
-def _topic_directions(centers) -> np.ndarray:
-    """Directions the admission-oracle search moves the query toward: every topic centre and
-    every pair of them (the adversary knows the dataset in the DP game)."""
-    import itertools
-
-    c = np.asarray(centers, dtype=np.float64)
-    pairs = [c[i] + c[j] for i, j in itertools.combinations(range(len(c)), 2)]
-    return np.array(pairs + list(c)) if pairs else c
-
-
-def game_config(cfg):
-    """The scenario's federation with every budget lifted (``math.inf``).
-
-    Budget refusals are decided from public state, so they cannot separate the worlds;
-    lifting them only gives the adversary more answers, which makes the audit
-    conservative (it can find more leakage, never less).
-    """
-    import dataclasses
-
-    config = services.federation_config(cfg)
-    lifted = {k: math.inf for k in ("epsilon_budget", "total_epsilon_budget", "support_budget_bits",
-                                     "total_support_budget_bits") if hasattr(config, k)}
-    return dataclasses.replace(config, **lifted) if dataclasses.is_dataclass(config) else config
-
-
-def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
-    """Membership games: for each target, a world with and a world without the record.
-
-    Both worlds run at once (so the timing attack can interleave them). Per world each
-    attack gets ``repeats`` trials from its own principal; the adversary's reference runs
-    (its knowledge of the neighbour without the record, as in the DP game) come from a
-    separate principal on that world. Returns per attack the positive/negative scores
-    and the epsilon booked for one trial.
-    """
-    from fedmem.attacks import observable as O
-    from fedmem.attacks.support import differencing_score, value_score
-
-    f, a = cfg.federation, cfg.attack
-    want = [x for x in GAME_ATTACKS if x in a.attacks]
-    if "float_bits" not in want and set(VALUE_ATTACKS) & set(want):
-        want.append("float_bits")
-    trng = ctx.rng("targets")
-    out: dict = {name: {"pos": [], "neg": [], "booked": [], "booked_pos": [], "booked_neg": []} for name in want}
-    out.update({"queries": 0, "refused": {"with": 0, "without": 0}, "eps_one": [], "n_target": [],
-                "boundary_found": 0})
-    config = game_config(cfg)
-    mb = getattr(config, "max_batch", 1024)
-    R, T = a.repeats, a.r
-
-    for t in ctx.progress(range(a.targets), a.targets, "membership targets"):
-        shard, key, value, _ = _candidate(data, trng, f)
-        worlds = neighbours(data, shard, key, value, getattr(a, "neighbours", "replace-one"), ctx.rng("filler", t))
-        feds = {}
-        try:
-            for w, wdata in worlds.items():
-                feds[w] = services.make_federation(config, wdata, accountant=world_accountant(f"target{t}-{w}"),
-                                                   rng=ctx.rng("engine", t, w), ray_address=ctx.ray_address,
-                                                   parties=parties)
-            bq, with_answered = key, True
-            if "admission_oracle" in want:
-                bq, _, n_with, found = O.search_boundary_query(
-                    _count_fn(worlds["without"], f), _count_fn(worlds["with"], f), key,
-                    O.tolerance_boundary(f.n_bound, a.boundary_tolerance), ctx.rng("boundary", t),
-                    directions=_topic_directions(worlds["without"].centers), steps=30)
-                out["boundary_found"] += int(found)
-                with_answered = abs(n_with - f.n_bound) <= a.boundary_tolerance   # the hypothesised rule
-            fbad = None
-            if "float_bits" in want:
-                fbad = _float_hypotheses(feds, {w: feds[w].ground_truth(key) for w in feds})
-            refs, _ = _ask_trials(feds["without"], np.repeat(key[None], a.references, axis=0), 1, mb)
-            ref_fps = {O.fingerprint(o) for o in refs}
-            reference = refs[0].response
-            for w, fed in feds.items():
-                tag = "pos" if w == "with" else "neg"
-                single, booked = _ask_trials(fed, np.repeat(key[None], R, axis=0), 1, mb)
-                out["queries"] += len(single)
-                out["refused"][w] += sum(not o.answered for o in single)
-                out["eps_one"] += [e for o, e in zip(single, booked) if o.answered]
-                if w == "with":
-                    out["n_target"].append(int(fed.ground_truth(key).count))
-                for o, e in zip(single, booked):
-                    scores = {"differencing": lambda: differencing_score(o.response, reference, shard),
-                              "noise_scale": lambda: value_score(o.response, value),
-                              "refusal_content": lambda: O.category_score(o, ref_fps),
-                              "float_bits": lambda: float_bits_score(o, fbad, fed.policy.selection)}
-                    for name, fn in scores.items():
-                        if name in want:
-                            out[name][tag].append(fn())
-                            _book(out[name], tag, e)
-                if "admission_oracle" in want:
-                    adm, booked = _ask_trials(fed, np.repeat(bq[None], R, axis=0), 1, mb)
-                    out["queries"] += len(adm)
-                    for o, e in zip(adm, booked):
-                        out["admission_oracle"][tag].append(O.answered_score(o, with_answered))
-                        _book(out["admission_oracle"], tag, e)
-                for name in ("retry_averaging", "near_duplicate"):
-                    if name not in want:
-                        continue
-                    if name == "retry_averaging":
-                        qs = np.repeat(key[None], R * T, axis=0)
-                    else:
-                        nrng = ctx.rng("near-duplicates", t)    # the same perturbations in both worlds
-                        qs = np.concatenate([O.near_duplicates(key, T, a.near_duplicate_radius, nrng)
-                                             for _ in range(R)])
-                    obs, booked = _ask_trials(fed, qs, T, mb)
-                    out["queries"] += len(obs)
-                    for i in range(R):
-                        out[name][tag].append(O.averaged_value_score(obs[i * T:(i + 1) * T], value))
-                        _book(out[name], tag, booked[i])
-            if "timing" in want:
-                order_rng = ctx.rng("timing-order", t)
-                for _ in range(a.timing_trials):
-                    for w in (("with", "without") if order_rng.random() < 0.5 else ("without", "with")):
-                        client = feds[w].connect()
-                        o = O.observe_one(client, key)
-                        out["timing"]["pos" if w == "with" else "neg"].append(O.latency_score(o))
-                        _book(out["timing"], "pos" if w == "with" else "neg", client.epsilon_spent)
-                        out["queries"] += 1
-        finally:
-            for fed in feds.values():
-                fed.close()
-    return out
-
-
-def _book(g: dict, tag: str, eps: float) -> None:
-    """Record what one trial booked, per world (each world's attack is judged against what that
-    world booked: :func:`booked_per_world`)."""
-    g["booked"].append(eps)
-    g["booked_pos" if tag == "pos" else "booked_neg"].append(eps)
-
-
 def booked_per_world(g: dict) -> tuple[float, float, float]:
     """``(booked in the world with the target, booked without it, the epsilon the row is judged
     against)``. Per world, the most one trial booked. The row is judged against the smaller of
@@ -500,79 +249,8 @@ def booked_per_world(g: dict) -> tuple[float, float, float]:
     return bp, bn, min(bp, bn)
 
 
-def run_spreading(cfg, ctx, data, world_accountant, parties=None):
-    """``principal_spreading``: a Sybil spreads one query over many principals (real budgets)."""
-    from fedmem.attacks import observable as O
-    from fedmem.bench.shards import sample_queries
-
-    f, a = cfg.federation, cfg.attack
-    q = sample_queries(data, 1, ctx.rng("spreading-query"))[0]
-    config = services.federation_config(cfg)
-    fed = services.make_federation(config, data, accountant=world_accountant("spreading"),
-                                   rng=ctx.rng("engine", "spreading"), ray_address=ctx.ray_address, parties=parties)
-    try:
-        clients = [fed.connect() for _ in range(a.sybils)]
-        obs = []
-        for i in range(a.sybil_queries):
-            c = clients[i % len(clients)]
-            obs += O.observe_batch(c, q[None], [f"label-{i}"])     # a fresh label every time, too
-        unbooked = any(o.answered and o.response.selection != "broadcast" and
-                       any(ch in o.response.channels for ch in ("receipts", "count", "count:implicit",
-                                                                  "value:calibration"))
-                       and not _has_support_event(o.response) for o in obs)
-        rep = O.spreading_report(obs, a.sybils, f.delta, getattr(config, "total_support_budget_bits", math.inf),
-                                 getattr(config, "total_epsilon_budget", math.inf), a.accountant)
-        if unbooked:   # exact support channels: no finite bound on what they reveal
-            rep = O.SpreadingReport(rep.principals, rep.queries, rep.answered, math.inf,
-                                    rep.total_support_budget_bits, rep.epsilon_seen, rep.total_epsilon_budget,
-                                    "EXCEEDS TOTAL BUDGET")
-        return rep
-    finally:
-        fed.close()
-
-
-def _has_support_event(resp) -> bool:
+def has_support_event(resp) -> bool:
     """The response's booked event has a support part besides the value (aggregator plan order)."""
     from fedmem.attacks.observable import support_events
 
     return bool(support_events(resp))
-
-
-# ------------------------------------------------------------------------ (d) retries
-def run_retries(cfg, ctx, data, world_accountant, parties=None) -> list[list]:
-    from fedmem.attacks.support import average_releases
-    from fedmem.bench.shards import sample_queries
-    from fedmem.errors import SupportPrivacyViolation
-
-    f, a = cfg.federation, cfg.attack
-    q = sample_queries(data, 1, ctx.rng("retry-query"))[0]
-    rows = []
-    config = services.federation_config(cfg)
-    rmax = max(a.retry_counts)
-    for mode in ("declared", "silent"):
-        acc = world_accountant(f"retries-{mode}")
-        fed = services.make_federation(config, data, accountant=acc, rng=ctx.rng("engine", "retries", mode),
-                                       ray_address=ctx.ray_address, parties=parties)
-        try:
-            client = fed.connect()
-            exact = relevant_selection(data, q, f)[1] if _broadcast(f) else _exact_mean(fed.ground_truth(q))
-            values, eps, refused, first = [], [], 0, None
-            for i in range(rmax):
-                try:
-                    r = client.retrieve(q, family="retry",
-                                        retry_of=(first if mode == "declared" and i > 0 else None))
-                    if first is None:
-                        first = r.query_id
-                    if exact is None and r.selection == "broadcast":
-                        exact = relevant_selection(data, q, f)[1]
-                    values.append(np.asarray(r.value))
-                except SupportPrivacyViolation:
-                    refused += 1
-                eps.append(client.epsilon_spent)
-                if (i + 1) in a.retry_counts:
-                    mse = (float(np.mean((average_releases(values) - exact) ** 2))
-                           if values and exact is not None else float("nan"))
-                    rows.append([mode, i + 1, len(values), refused, mse, eps[0], eps[-1]])
-        finally:
-            fed.close()
-    return rows

@@ -38,8 +38,9 @@ from collections import Counter
 
 import numpy as np
 
-from fedmem.attacks.federation_games import (ATTACKS, GAME_ATTACKS, QueryRecord, _broadcast, run_games,
-                                             run_reconstruction, run_retries, run_spreading)
+from fedmem.attacks.federation_games import ATTACKS, GAME_ATTACKS, is_broadcast
+from fedmem.experiments.support_leak_games import (QueryRecord, run_games, run_reconstruction, run_retries,
+                                                 run_spreading)
 from fedmem.experiments.support_leak_plots import _plot_eps, _plot_reconstruction, _plot_roc
 from fedmem.federation import services
 from fedmem.federation.config import FederationConfig
@@ -274,7 +275,7 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
                 _game_row(name, GAME_LABELS[name], game, f, a, mrng, metrics, attack_rows, eps_rows, roc)
         if game["n_target"]:
             n_small = int(np.min(game["n_target"]))
-            if f.calibration == "global" and not _broadcast(f) and f.selection == "threshold":
+            if f.calibration == "global" and not is_broadcast(f) and f.selection == "threshold":
                 from fedmem.federation.aggregator import delivered_epsilon
 
                 eff = delivered_epsilon(f.noise, f.sigma * max(1, n_small) / f.n_bound, f.delta)
