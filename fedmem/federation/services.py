@@ -4,7 +4,7 @@ shard data (benchmark content) is built by the experiment (``make_data`` in
 :mod:`fedmem.experiments.support_leak`) and injected: this module never imports ``fedmem.bench``.
 
 Used by the ``federation.support_leak`` experiment (:mod:`fedmem.experiments.support_leak`)
-and its attack games (:mod:`fedmem.attacks.federation_games`). ``make_federation`` is an
+and its attack games (:mod:`fedmem.experiments.support_leak_games`). ``make_federation`` is an
 indirection so tests can substitute a deliberately broken federation with the same API.
 """
 
