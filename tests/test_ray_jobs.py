@@ -67,6 +67,7 @@ def test_ray_job_submit_runs_a_scenario_from_an_uploaded_working_dir(subprocess_
     for name in ("fedmem", "scenarios"):
         shutil.copytree(REPO / name, work / name, ignore=ignore)
     timings = {}
+    client_port = free_port()
     try:
         t0 = time.perf_counter()
         for attempt in range(2):   # Ray waits a fixed 30 s for its raylet: a loaded machine may need a retry
@@ -76,7 +77,7 @@ def test_ray_job_submit_runs_a_scenario_from_an_uploaded_working_dir(subprocess_
             # submit job" forever. Free ports for both.
             start = subprocess.run([ray_bin, "start", "--head", f"--port={port}", f"--dashboard-port={dash}",
                                     f"--dashboard-agent-listen-port={free_port()}",
-                                    f"--ray-client-server-port={free_port()}",
+                                    f"--ray-client-server-port={client_port}",
                                     "--dashboard-host=127.0.0.1", "--include-dashboard=true", "--num-cpus=2",
                                     f"--temp-dir={temp}", "--disable-usage-stats"],
                                    env=env, capture_output=True, text=True, timeout=900, cwd=temp)
@@ -124,4 +125,6 @@ def test_ray_job_submit_runs_a_scenario_from_an_uploaded_working_dir(subprocess_
         assert "_HostActor" in classes, classes
     finally:
         kill_processes_started_with(temp)
+        # the head's Ray client server names neither the temp dir nor the session in its command line
+        kill_processes_started_with(f"--port={client_port} --mode=proxy")
         shutil.rmtree(temp, ignore_errors=True)
