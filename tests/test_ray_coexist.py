@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import kill_processes_started_with
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["federation.shards=8", "federation.records_per_shard=10", "federation.key_dim=8", "federation.value_dim=4",
@@ -41,24 +42,6 @@ def _session_of(gcs_address: str) -> str | None:
                 if m:
                     return m.group(1).decode()
     return None
-
-
-def _kill_started(marker: str) -> None:
-    """SIGKILL every process whose command line names our cluster's temp dir (only ours)."""
-    import signal
-
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline and int(d.name) != os.getpid():
-            try:
-                os.kill(int(d.name), signal.SIGKILL)
-            except OSError:
-                pass
 
 
 def test_local_options_come_from_the_machine_and_the_scenario():
@@ -139,7 +122,7 @@ def test_fedmem_run_beside_a_running_ray_cluster(tmp_path):
         assert Path("/tmp/ray/ray_current_cluster").read_text().strip() == address   # the cluster is untouched
     finally:
         if marker:
-            _kill_started(marker)
+            kill_processes_started_with(marker)
         cur = Path("/tmp/ray/ray_current_cluster")
         if address and cur.exists() and cur.read_text().strip() == address:
             cur.unlink()     # what `ray stop` would remove, for our cluster only
