@@ -2,10 +2,12 @@
 
 Pieces (Flower 1.42 legacy ``Strategy`` API + ``SecAggPlusWorkflow``):
 
-* :func:`build_world` (cached per process): the clustered shards
-  (``fedmem.bench.shards.make_clustered_shards``) and the membership candidates, built
-  deterministically from a small spec, so every Ray worker rebuilds the same data instead
-  of receiving it with each message.
+* :func:`build_world` (cached per process): the clustered shards and the membership
+  candidates, built deterministically from a small spec, so every Ray worker rebuilds the
+  same data instead of receiving it with each message. The spec names the factory that
+  builds them (``"module:function"``, :data:`WORLD_FACTORY` by default:
+  ``fedmem.bench.membership_world``), resolved at run time: benchmark content is injected,
+  never imported by ``fedmem.flower``.
 * :class:`ShardClient` (a ``NumPyClient``): one round = one query. Local selection: the
   shard's top-k' by cosine score (ties to the lower index), kept if score >= threshold
   (local threshold selection; **global top-k is out of scope for the Flower engine**:
@@ -34,8 +36,8 @@ simulation shortcut so both worlds run in one Flower simulation.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
-import math
 import time
 
 import numpy as np
@@ -44,48 +46,50 @@ from flwr.common import FitIns, Parameters, ndarrays_to_parameters, parameters_t
 from flwr.server.client_manager import ClientManager
 from flwr.server.strategy import Strategy
 
-from fedmem.bench.shards import make_clustered_shards, with_record
 from fedmem.flower.fixedpoint import SecAggGrid
 
 CONTRACTS = ("fedmem", "stock")
 
 
+WORLD_FACTORY = "fedmem.bench.membership_world:clustered_membership_world"
+"""The world factory a spec without a ``"factory"`` key names: ``factory(spec: dict) ->
+(ShardData, targets, with_record)`` (see :mod:`fedmem.bench.membership_world`)."""
+
+
+def resolve_factory(path: str):
+    """The callable a ``"module:function"`` path names (imported here, at run time)."""
+    module, _, name = str(path).partition(":")
+    if not module or not name:
+        raise ValueError(f"a world factory is named 'module:function'. Found {path!r}.")
+    return getattr(importlib.import_module(module), name)
+
+
 @functools.lru_cache(maxsize=4)
 def _world_cached(spec_json: str):
     s = json.loads(spec_json)
-    rng = np.random.default_rng(s["seed"])
-    data = make_clustered_shards(s["shards"], s["records_per_shard"], s["key_dim"], s["value_dim"], s["clip"],
-                                 rng, clusters=s["clusters"], spread=s["spread"])
-    trng = np.random.default_rng([s["seed"], 1])
-    targets = []
-    # Candidates: a record near the rarest topics, placed on a shard that does not hold that topic.
-    for t in range(s["targets"]):
-        topic = t % len(data.centers)
-        holders = {i for i in range(data.n_shards) if np.any(data.topics[i] == topic)}
-        free = [i for i in range(data.n_shards) if i not in holders] or list(range(data.n_shards))
-        shard = int(free[int(trng.integers(0, len(free)))])
-        key = data.centers[topic] + 0.05 * trng.standard_normal(data.key_dim) / math.sqrt(data.key_dim)
-        key = key / np.linalg.norm(key)
-        val = data.value_centers[topic] * 0.9 * s["clip"]
-        targets.append({"shard": shard, "key": key, "value": val, "topic": topic})
-    return data, targets
+    return resolve_factory(s.get("factory", WORLD_FACTORY))(s)
 
 
 def world_spec(*, seed: int, shards: int, records_per_shard: int, key_dim: int, value_dim: int, clip: float,
-               clusters: int, spread: float, targets: int) -> str:
-    return json.dumps(dict(seed=seed, shards=shards, records_per_shard=records_per_shard, key_dim=key_dim,
-                           value_dim=value_dim, clip=clip, clusters=clusters, spread=spread, targets=targets),
-                      sort_keys=True)
+               clusters: int, spread: float, targets: int, factory: str = WORLD_FACTORY) -> str:
+    """The public spec (JSON) of a world; ``factory`` (``"module:function"``) builds it. The
+    default factory is not written into the spec (same spec text as before the injection)."""
+    spec = dict(seed=seed, shards=shards, records_per_shard=records_per_shard, key_dim=key_dim,
+                value_dim=value_dim, clip=clip, clusters=clusters, spread=spread, targets=targets)
+    if factory != WORLD_FACTORY:
+        spec["factory"] = str(factory)
+    return json.dumps(spec, sort_keys=True)
 
 
 def build_world(spec_json: str):
     """``(ShardData, targets)`` of a spec (cached per process)."""
-    return _world_cached(spec_json)
+    data, targets, _ = _world_cached(spec_json)
+    return data, targets
 
 
 def shard_records(spec_json: str, shard: int, world: int, target: int):
     """Keys and values of ``shard`` in the given world (world 1 adds target ``target``'s candidate)."""
-    data, targets = build_world(spec_json)
+    data, targets, with_record = _world_cached(spec_json)
     if world == 1 and 0 <= target < len(targets) and targets[target]["shard"] == shard:
         t = targets[target]
         data = with_record(data, shard, t["key"], t["value"])
