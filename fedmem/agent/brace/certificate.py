@@ -37,26 +37,9 @@ bound because (a) ``A^(0) >= LS`` and (b) ``A^(k)(D) <= A^(k+1)(D')`` for neighb
   the bound is ``g_{k+1} + c_k``; always ``<= 2r`` (both queries lie in ``B(y_{t-1}, r)``).
   So ``A^(k) = min{2r, 2 g_{k+1} + c_k}``.
 
-``g_j`` bounds the clean-vs-released gate discrepancy using only *public* centres. Let
-``W_s(j) >= sup ||z_s(B) - y_s||`` over banks within ``j`` (``W_0 = 0``). For a centre
-``c`` with ``||c - y|| <= w`` the gate at ``c`` differs from the gate at ``y`` only by
-records in the annuli ``r - w < ||x - y|| <= r`` (leaving, at distance <= 2r from the
-old mean) and ``r < ||x - y|| <= r + w`` (entering, <= 2r + w from it), so with ``u``
-leaving and ``v`` entering::
-
-    ||Phi_B(c) - Phi_B(y)|| <= (v (2r + w) + 2r u) / (m - u + v)   (<= 2r + w always)
-
-Over banks within ``j`` the gate count is at least ``m - j`` and each annulus holds at
-most ``j`` more records; the supremum of the ratio over that set is ``G(j, w)`` (if the
-gate can be emptied, ``G = 2r + w``). Then ``g_j = G_t(j, W_{t-1}(j))`` and::
-
-    W_s(j) = min{ s r + ||q - y_s||,
-                  G_s(j, W_{s-1}(j)) + min{ r + ||y_{s-1} - y_s||,
-                                            ||a_s(D) - y_s|| + sum_{i<j} 2r / max(1, m_s - i) } }
-
-Every term is non-decreasing in ``j``, in ``w`` and in the annulus counts and
-non-increasing in ``m``; a neighbour changes each count by at most one and ``a_s`` by at
-most ``2r / max(1, m_s(D'))``, which is what (b) needs. Where fedmem is more
+``g_j`` bounds the clean-vs-released gate discrepancy using only *public* centres (the
+annulus bound ``G(j, w)`` and the recursion ``W_s(j)``; derived in
+:mod:`fedmem.agent.brace.annulus`, which holds them). Where fedmem is more
 conservative than the paper: the branch search of App. B would give the exact local
 sensitivity on activated steps; this bound can be larger (it is what makes it always
 computable in ``O(T K n log n)``). Where it is less conservative: the count branch asks
@@ -65,25 +48,10 @@ still valid because ``Q_t`` depends on ``H_t`` alone for a fixed history.
 
 Clean-trajectory propagation (a sound bound in place of CorrectedCountSearch)
 ---------------------------------------------------------------------------------------
-``psi_s(i) >= sup {LS of z_s at B : d_H(D, B) <= i}`` and ``R_s(j) = sum_{i<j} psi_s(i)
->= sup ||z_s(B) - z_s(D)||`` (path argument), with ``psi_0 = R_0 = 0``. Around the private
-centre ``c = z_{s-1}(D)`` with ``omega = R_{s-1}(i+1)``: ``core`` = records within
-``r - omega`` (in every gate), ``outer`` = records within ``r + omega``; with
-``kt = core - (i+1)`` (core records no replacement touched) the two gates share ``>= kt``
-records and each has ``<= outer`` members, so by the total-variation coupling of their
-uniform laws ``||Phi_B(c1) - Phi_B'(c2)|| <= (2r + psi_{s-1}(i)) (1 - kt / outer)``
-(``2r + psi_{s-1}(i)`` when ``kt < 1``), capped at ``2 s r``. Monotonicity
-``psi_s(i)(D) <= psi_s(i+1)(D')`` and ``R_s(j)(D) + ||z_s(D) - z_s(D')|| <= R_s(j+1)(D')``
-follow by induction (the width at ``D'`` covers the width at ``D`` plus the centre shift, so
-``core`` can only shrink and ``kt / outer`` only fall). Then, with ``c_k = 2r/max(1, m_t - k)``
-and ``csum`` the Eq. (4) path sum at the public ``y_{t-1}``:
-activation excluded for all of ``N_{k+1}(D)`` if ``||R_t(D)|| + R_t(k+1) + csum(k+1) <= tau``
-(``A^(k) = c_k``), certain if ``||R_t(D)|| - R_t(k+1) - csum(k+1) > tau``
-(``A^(k) = min{2r, psi_t(k)}``), else ``A^(k) = min{2r, max(c_k, psi_t(k) + tau)}``.
-The certificate uses ``min`` of this and the annulus bound above (both sound, both
+A second activated-branch bound propagates a sensitivity ``psi_s(i)`` of the clean
+trajectory ``z_s`` along the steps; it is derived in :mod:`fedmem.agent.brace.propagation`,
+which holds it. The certificate uses ``min`` of it and the annulus bound (both sound, both
 monotone, so the minimum is too); ``Certifier(bound="annulus")`` is the earlier, looser bound.
-It is not App. B's exact branch enumeration: on activated steps it stays loose (it
-compounds over steps and reaches ``2r`` by step 3-4 on the Sec. 6.1 bank).
 
 CorrectedCountSearch (App. B) in box form (the default, ``bound="all"``)
 ---------------------------------------------------------------------------------
@@ -122,16 +90,30 @@ point-wise recursion (coordinates are maximised separately; memberships are deci
 the whole box), so it is an upper bound of the branch supremum, never below it; it costs
 ``O(T K n d)`` per start and step (independent of the noise), and is combined with the two
 bounds above by ``min``.
+
+Modules: :mod:`.envelope` (horizon ``K``, the count and Eq. (7) envelopes),
+:mod:`.annulus` (the annulus bound), :mod:`.propagation` (the clean-trajectory bound),
+:mod:`.brute_force` (the brute-force local-sensitivity audit); this module keeps the box
+CorrectedCountSearch, :class:`Certifier`, which combines the bounds, and
+:func:`certificate_terms`, and re-exports the names that moved.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from fedmem.agent.brace.lsr import sq_dists
+from fedmem.agent.brace.annulus import AnnulusBound, SortedRows, gate_shift_bound
+from fedmem.agent.brace.brute_force import brute_force_local_sensitivity, query_point
+from fedmem.agent.brace.envelope import activation_impossible, count_envelope, horizon, smooth_envelope
+from fedmem.agent.brace.lsr import phi
 from fedmem.agent.brace.params import BraceParams
+from fedmem.agent.brace.propagation import PropagationBound
+
+__all__ = [
+    "BOUNDS", "BOX_CHUNK", "BOX_MAX_DIM", "BOX_MAX_J", "CERTIFICATES", "Certifier", "SortedRows",
+    "activation_impossible", "brute_force_local_sensitivity", "certificate_terms", "clean_boxes",
+    "count_envelope", "gate_shift_bound", "horizon", "max_gate_mean", "query_point", "smooth_envelope",
+]
 
 CERTIFICATES = ("brace", "raw_count")
 # "all" (default) = the box CorrectedCountSearch (App. B, below), the clean-trajectory
@@ -140,80 +122,6 @@ CERTIFICATES = ("brace", "raw_count")
 BOUNDS = ("all", "both", "box", "propagation", "annulus")
 _USES = {"all": ("box", "propagation", "annulus"), "both": ("propagation", "annulus"), "box": ("box",),
          "propagation": ("propagation",), "annulus": ("annulus",)}
-
-
-def activation_impossible(params: BraceParams) -> bool:
-    """True when ``(2T + 1) r <= tau``: no bank can activate the correction at any step."""
-    return (2 * params.T + 1) * params.r <= params.threshold
-
-
-def horizon(n: int, gamma: float) -> int:
-    """Largest distance ``K`` whose envelope term can exceed the floor ``2r/n``."""
-    return int(min(n, math.ceil(math.log(max(n, 1)) / gamma)))
-
-
-def count_envelope(m: np.ndarray, r: float, gamma: float) -> np.ndarray:
-    """``max_{k>=0} e^{-gamma k} 2r / max(1, m - k)`` in closed form (count branch only)."""
-    m = np.asarray(m, dtype=np.float64)
-    ms = np.maximum(m, 1.0)
-    return np.where(m >= 1, 2 * r * np.maximum(1.0 / ms, np.exp(-gamma * (ms - 1))), 2 * r)
-
-
-def smooth_envelope(A: np.ndarray, gamma: float) -> np.ndarray:
-    """``max_k e^{-gamma k} A[..., k]`` (Eq. (7) with the inner suprema ``A``)."""
-    k = np.arange(A.shape[-1])
-    return np.max(A * np.exp(-gamma * k), axis=-1)
-
-
-class SortedRows:
-    """Each row's distances sorted and laid end to end with offsets ``b * BIG`` so that
-    :meth:`count_le` is one vectorised ``searchsorted`` for all rows."""
-
-    def __init__(self, dists: np.ndarray):
-        self.rows = np.sort(dists, axis=1)
-        B, self.n = self.rows.shape
-        self.big = 2.0 ** math.ceil(math.log2(float(self.rows[:, -1].max()) + 4.0))
-        self.offs = (np.arange(B, dtype=np.float64) * self.big)[:, None]
-        self.flat = (self.rows + self.offs).ravel()
-        self.eta = 8 * np.spacing(B * self.big)
-
-    def count_le(self, thresholds: np.ndarray, widen: int) -> np.ndarray:
-        """``#{x in row b : x <= thresholds[b, i] + widen * eta}``.
-
-        Adding the offsets rounds, so the threshold is moved by ``eta`` (a few ulps of
-        the largest offset) in the direction ``widen`` (+1: count at least the exact
-        number, -1: at most), which keeps every count on the conservative side of the
-        certificate. It is still a count of the row below a fixed threshold, so one
-        replaced record changes it by at most one.
-        """
-        thr = np.clip(thresholds + widen * self.eta, -1.0, self.big - 2.0)
-        idx = np.searchsorted(self.flat, (thr + self.offs).ravel(), side="right").reshape(thresholds.shape)
-        return idx - (np.arange(self.rows.shape[0]) * self.n)[:, None]
-
-
-def gate_shift_bound(sorted_d: SortedRows, m: np.ndarray, w: np.ndarray, r: float,
-                     j: np.ndarray | None = None) -> np.ndarray:
-    """``G(j, w_j)``: sup of ``||Phi_B(c) - Phi_B(y)||`` over ``||c - y|| <= w_j`` and banks
-    within ``j`` replacements of D; ``sorted_d`` are D's sorted distances to ``y``.
-
-    ``w`` has shape ``(B, L)``; column ``i`` belongs to the distance ``j[i]``
-    (default ``j = 0..L-1``).
-    """
-    B, L = w.shape
-    j = (np.arange(L) if j is None else np.asarray(j))[None, :].astype(np.float64)
-    tol = 1e-9 * max(r, 1.0)
-    le_lo = sorted_d.count_le(r - w - tol, -1)
-    le_hi = sorted_d.count_le(r + w + tol, +1)
-    mm = m[:, None].astype(np.float64)
-    n_in = np.maximum(mm - le_lo, 0) + j
-    n_out = np.maximum(le_hi - mm, 0) + j
-    mh = mm - j
-    cap = 2 * r + w
-    ok = mh > n_in
-    f0 = 2 * r * n_in / np.where(ok, mh - n_in, 1.0)
-    f1 = (n_out * (2 * r + w) + 2 * r * n_in) / np.where(ok, mh - n_in + n_out, 1.0)
-    G = np.where(ok, np.minimum(cap, np.maximum(f0, f1)), cap)
-    return np.where(w > 0, G, 0.0)
 
 
 # ------------------------------------------------------------------ CorrectedCountSearch (App. B), box form
@@ -349,7 +257,7 @@ BOX_MAX_J = 128      # boxes for j = 0..127 replacements; farther terms use the 
 BOX_CHUNK = 1 << 22  # starts x distances x records per vectorised block of the box recursion
 
 
-class Certifier:
+class Certifier(AnnulusBound, PropagationBound):
     """Per-step certificates for a batch of BRACE runs on one bank ``X``.
 
     Call :meth:`step` once per step ``t = 1..T`` with the released ``Y_{t-1}`` and the
@@ -393,62 +301,6 @@ class Certifier:
             self._box_rows = self._box_rows.ravel()
             self._box_J = min(self.K + 3, BOX_MAX_J)
             self._boxes = clean_boxes(X, uq, params.r, params.T, self._box_J)   # Z_s(j), j < box_J
-
-    def _w(self, j: np.ndarray) -> np.ndarray:
-        """``W_{t-1}(j)`` for the distances ``j`` (recursion over the stored steps)."""
-        r = self.p.r
-        B = self.q.shape[0]
-        W = np.zeros((B, j.size))
-        for s, ((sorted_d, m, a, y_prev), y_s) in enumerate(zip(self._stats, self._ys), start=1):
-            G = gate_shift_bound(sorted_d, m, W, r, j)
-            i = np.arange(int(j.max()))[None, :]
-            csum = np.concatenate([np.zeros((B, 1)), np.cumsum(2 * r / np.maximum(1.0, m[:, None] - i), axis=1)],
-                                  axis=1)
-            shift = csum[:, j]
-            a_hat = np.minimum((r + np.linalg.norm(y_prev - y_s, axis=1))[:, None],
-                               np.linalg.norm(a - y_s, axis=1)[:, None] + shift)
-            trivial = (s * r + np.linalg.norm(self.q - y_s, axis=1))[:, None]
-            W = np.minimum(trivial, G + a_hat)
-        return W
-
-    def _clean_step(self, s: int) -> None:
-        """Advance the clean-trajectory sensitivity recursion to step ``s`` (see the module
-        docstring, "clean-trajectory propagation"): ``psi_s(i)``, ``R_s(j)`` and ``z_s(D)``."""
-        r = self.p.r
-        c = self._zc
-        sq = sq_dists(self.X, c)
-        sr = SortedRows(np.sqrt(sq))
-        L = self.K + 2                                   # i = 0..K+1 (R_t(k+1) needs psi_t(0..K))
-        omega = self._R[:, 1:L + 1]                      # R_{s-1}(i+1)
-        tol = 1e-9 * max(r, 1.0)
-        core = sr.count_le(r - omega - tol, -1).astype(np.float64)
-        outer = sr.count_le(r + omega + tol, +1).astype(np.float64)
-        kt = core - (np.arange(L)[None, :] + 1.0)        # core records no replacement touched
-        delta = 2 * r + self._psi[:, :L]                 # diameter of the two gates' union
-        f = np.where(kt >= 1, delta * (1.0 - kt / np.maximum(outer, 1.0)), delta)
-        psi = np.minimum(f, 2 * s * r)
-        self._psi = psi
-        self._R = np.concatenate([np.zeros((psi.shape[0], 1)), np.cumsum(psi, axis=1)], axis=1)
-        mask = sq <= r * r
-        cnt = mask.sum(1)
-        self._zc = np.where(cnt[:, None] > 0, (mask.astype(np.float64) @ self.X) / np.maximum(cnt, 1)[:, None], c)
-
-    def _propagation_terms(self, k: np.ndarray, m: np.ndarray, a: np.ndarray):
-        """``(A^(k), activation excluded)`` of the clean-trajectory propagation bound for the
-        distances ``k``."""
-        r, tau = self.p.r, self.p.threshold
-        B = m.shape[0]
-        psi_k = self._psi[:, k]
-        Rk1 = self._R[:, k + 1]
-        i = np.arange(int(k.max()) + 1)[None, :]
-        csum = np.concatenate([np.zeros((B, 1)), np.cumsum(2 * r / np.maximum(1.0, m[:, None] - i), axis=1)],
-                              axis=1)[:, k + 1]
-        c = 2 * r / np.maximum(1.0, m[:, None] - k[None, :])
-        Rn = np.linalg.norm(self._zc - a, axis=1)[:, None]       # ||R_t(D)||
-        excluded = Rn + Rk1 + csum <= tau
-        certain = Rn - Rk1 - csum > tau
-        mixed = np.minimum(2 * r, np.maximum(c, psi_k + tau))
-        return np.where(excluded, c, np.where(certain, np.minimum(2 * r, psi_k), mixed)), excluded
 
     def _box_terms(self, t: int, k: np.ndarray, m: np.ndarray, a: np.ndarray):
         """``(A^(k), activation excluded)`` of the box CorrectedCountSearch for the distances ``k``.
@@ -536,44 +388,10 @@ class Certifier:
         return S, uncertain
 
 
-# ------------------------------------------------------------------ brute force (audit)
-def _phi_banks(X: np.ndarray, c: np.ndarray, r: float) -> np.ndarray:
-    """``Phi_{X[b]}(c[b])`` for a stack of banks ``(M, n, d)`` and centres ``(M, d)``."""
-    diff = X - c[:, None, :]
-    mask = np.sum(diff * diff, axis=2) <= r * r
-    cnt = mask.sum(1)
-    s = np.einsum("mn,mnd->md", mask.astype(np.float64), X)
-    return np.where(cnt[:, None] > 0, s / np.maximum(cnt, 1)[:, None], c)
-
-
-def query_point(X: np.ndarray, q: np.ndarray, ys: np.ndarray, params: BraceParams) -> np.ndarray:
-    """``Q_t(B; y_<t)`` (Steps 1-4) for a stack of banks ``X`` of shape ``(M, n, d)``.
-
-    ``ys`` is the released history ``(y_0 = q, ..., y_{t-1})`` of shape ``(t, d)``. Used by
-    the brute-force local-sensitivity audit (tiny banks).
-    """
-    r = params.r
-    M, _, d = X.shape
-    t = ys.shape[0]
-    z = np.repeat(np.asarray(q, dtype=np.float64)[None, :], M, axis=0)
-    for _ in range(t):
-        z = _phi_banks(X, z, r)
-    y = np.repeat(ys[-1][None, :], M, axis=0)
-    a = _phi_banks(X, y, r)
-    R = z - a
-    H = (np.sum(R * R, axis=1) > params.threshold ** 2)[:, None]
-    target = a + H * R
-    diff = target - y
-    norm = np.linalg.norm(diff, axis=1, keepdims=True)
-    return y + diff * np.where(norm > r, r / np.where(norm > 0, norm, 1.0), 1.0)
-
-
 def certificate_terms(X: np.ndarray, q: np.ndarray, ys: np.ndarray, params: BraceParams,
                       mode: str = "brace", bound: str = "all") -> tuple[np.ndarray, float]:
     """``(A^(k) for k = 0..K, Delta_bar_t)`` at step ``t = len(ys)`` for the fixed history
     ``ys = (y_0 = q, ..., y_{t-1})`` (one bank; used by the audits)."""
-    from fedmem.agent.brace.lsr import phi
-
     cert = Certifier(X, np.asarray(q, dtype=np.float64)[None, :], params, mode=mode, keep_terms=True, bound=bound)
     db = None
     for t in range(1, ys.shape[0] + 1):
@@ -583,14 +401,3 @@ def certificate_terms(X: np.ndarray, q: np.ndarray, ys: np.ndarray, params: Brac
     return cert.last_terms[0], float(db[0])
 
 
-def brute_force_local_sensitivity(X: np.ndarray, q: np.ndarray, ys: np.ndarray, params: BraceParams,
-                                  grid: np.ndarray) -> float:
-    """``max_{j, x in grid} ||Q_t(X) - Q_t(X^{j <- x})||``: a lower bound on the local
-    sensitivity of ``Q_t`` (exact as the grid refines, by the localisation of App. B.3)."""
-    n = X.shape[0]
-    base = query_point(X[None], q, ys, params)[0]
-    banks = np.repeat(X[None], n * len(grid), axis=0)
-    for j in range(n):
-        banks[j * len(grid):(j + 1) * len(grid), j] = grid
-    qs = query_point(banks, q, ys, params)
-    return float(np.max(np.linalg.norm(qs - base, axis=1)))
