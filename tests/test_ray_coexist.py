@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import kill_processes_started_with
+from tests.conftest import kill_processes_started_with
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["federation.shards=8", "federation.records_per_shard=10", "federation.key_dim=8", "federation.value_dim=4",

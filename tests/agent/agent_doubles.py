@@ -1,0 +1,35 @@
+"""Agent test doubles shared by agent/test_actors.py (Ray-actor agents) and agent/test_isolated.py
+(isolated agent processes). A module of its own, beside the tests, so that both the Ray workers
+and the isolated agents' zygote import the classes by name, as they import the test modules."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fedmem.agent.client import AgentClient
+
+
+class SlowAfterRelease(AgentClient):
+    """Correct agent; after task 1's context reached the external model it signals (a
+    ``.released`` file beside its ledger) and stalls, so the test can kill it there, mid-task,
+    before the step returns."""
+
+    def _dpmind(self, task):
+        out = super()._dpmind(task)
+        if task.index == 1:
+            Path(self.ledger.store.path).with_suffix(".released").write_text(str(len(self.dpmind_sent)))
+            time.sleep(60)
+        return out
+
+
+class LateBooking(SlowAfterRelease):
+    """Broken: books the DP-MIND charge only after the context was sent."""
+
+    def _book_dpmind(self, task):
+        return f"task={task.index} ctx={len(self.dpmind_sent)}"
+
+    def _dpmind(self, task):
+        out = super()._dpmind(task)
+        AgentClient._book_dpmind(self, task)
+        return out
