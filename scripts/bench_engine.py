@@ -72,9 +72,9 @@ def naive_call(fed: Federation, q: np.ndarray) -> dict:
     """The naive CrypTen loop on the engine's own hosts' packets (selection only, no release)."""
     from fedmem.federation.sharing import SelectionSpec
 
-    qq = fed._queries(q)
+    qq = fed.engine.queries(q)
     t0 = time.perf_counter()
-    packets = fed._packets(qq, "topk")
+    packets = fed.engine.packets(qq, "topk")
     t1 = time.perf_counter()
     r = fed.parties.run(packets, SelectionSpec("topk", k=fed.config.k), impl="argmax")
     wall = time.perf_counter() - t0
@@ -138,7 +138,7 @@ def main(argv=None):
         truth = secure.ground_truth_many(qs[:8])
         from fedmem.federation.sharing import SelectionSpec
 
-        got = secure.parties.run(secure._packets(secure._queries(qs[:8]), "topk"), SelectionSpec("topk", k=cfg.k))
+        got = secure.parties.run(secure.engine.packets(secure.engine.queries(qs[:8]), "topk"), SelectionSpec("topk", k=cfg.k))
         if not (np.array_equal(got.tallies, np.stack([t.tallies for t in truth]))
                 and np.array_equal(got.sum, np.stack([t.sum for t in truth]))):
             raise SystemExit("MISMATCH: secure selection differs from the plaintext ground truth")
@@ -252,7 +252,7 @@ def fit_impl(a, data, qs, owns):
     spec = SelectionSpec("topk", k=fed.config.k)
     times = {g: [] for g in grid}
     try:
-        packs = {B: fed._packets(fed._queries(qs[:B]), "topk") for B in sorted({B for _, B in grid})}
+        packs = {B: fed.engine.packets(fed.engine.queries(qs[:B]), "topk") for B in sorted({B for _, B in grid})}
         for impl, B in grid:   # warm-up
             fed.parties.run(packs[B], spec, impl=impl)
         for _ in range(a.repeats):
@@ -289,11 +289,11 @@ def _torch_prg(fed: Federation, q):
 
 
 def _unsealed(fed: Federation, q):
-    fed._seal = False
+    fed.engine.seal = False
     try:
         return timed_call(fed, q)
     finally:
-        fed._seal = True
+        fed.engine.seal = True
 
 
 if __name__ == "__main__":

@@ -91,8 +91,7 @@ class FederationService:
 
     def principal_spent(self, principal) -> float:
         """The epsilon booked to the holder of capability ``principal`` (0 for anything unissued)."""
-        label = self.fed.gateway.resolve(principal)
-        return 0.0 if label is None else float(self.fed.gateway.principal_spent(label))
+        return float(self.fed.spent(principal))
 
     def bookings(self, principal) -> list:
         """(event dict, label) of every release booked to capability ``principal`` ([] if unissued)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Federation": "engine", "FederationConfig": "config", "Response": "engine", "Truth": "engine",
+    "Federation": "engine", "FederationConfig": "config", "Response": "engine", "Truth": "compute",
+    "Engine": "compute", "Computation": "compute", "CapabilityService": "client",
     "AuditRecord": "engine", "MemoryClient": "client", "Gateway": "gateway", "Aggregator": "aggregator",
     "ReleasePolicy": "aggregator", "Release": "aggregator", "Channel": "aggregator",
 }

@@ -19,23 +19,45 @@ audit as ``unissued_principal``), and reads 0 as its spend.
 Everything a client can see is the threat model's observable surface: the returned
 :class:`~fedmem.federation.engine.Response`, the exception, and timing. The
 simulation runs in one process, so nothing stops Python code from reaching into the
-federation object; the adversaries of :mod:`fedmem.attacks` use only this API.
+federation object; the client itself reaches it only through :class:`CapabilityService`.
 """
 
 from __future__ import annotations
+
+import abc
 
 import numpy as np
 
 from fedmem.errors import SupportPrivacyViolation
 
 
+class CapabilityService(abc.ABC):
+    """What a :class:`MemoryClient` may call on its federation, with its capability: retrieval
+    and its own spend. :class:`~fedmem.federation.engine.Federation` implements it (the client
+    module does not import the engine: no cycle)."""
+
+    @abc.abstractmethod
+    def retrieve(self, q, family: str | None = None, retry_of: int | None = None, *, principal=None):
+        """One query: the response, or raises the uniform ``SupportPrivacyViolation``."""
+
+    @abc.abstractmethod
+    def retrieve_many(self, qs, families=None, retry_of=None, *, principal=None) -> list:
+        """A batch: one response or uniform refusal per query."""
+
+    @abc.abstractmethod
+    def spent(self, capability) -> float:
+        """The epsilon booked to the holder of ``capability`` (0 if unissued)."""
+
+    @abc.abstractmethod
+    def support_bits_spent(self, capability) -> float:
+        """The support-channel bits booked to the holder of ``capability`` (0 if unissued)."""
+
+
 class MemoryClient:
     """One agent's handle on a federation, with the principal id the federation issued."""
 
     def __init__(self, federation, *, principal, family: str | None = None):
-        from fedmem.federation.engine import Federation
-
-        if not isinstance(federation, Federation):
+        if not isinstance(federation, CapabilityService):
             raise TypeError(f"federation must be a Federation. Found {type(federation).__name__}.")
         if not isinstance(principal, str) or not principal:
             raise ValueError("principal must be a capability issued by Federation.connect() (a Principal or its "
@@ -64,11 +86,9 @@ class MemoryClient:
     @property
     def epsilon_spent(self) -> float:
         """This principal's booked epsilon at the federation's delta."""
-        label = self._federation.gateway.resolve(self.principal)
-        return 0.0 if label is None else self._federation.gateway.principal_spent(label)
+        return self._federation.spent(self.principal)
 
     @property
     def support_bits_spent(self) -> float:
         """This principal's booked support-channel bits."""
-        label = self._federation.gateway.resolve(self.principal)
-        return 0.0 if label is None else self._federation.gateway.support_bits(label)
+        return self._federation.support_bits_spent(self.principal)

@@ -1,4 +1,13 @@
-"""The federation engine: gateway decision -> shard hosts -> compute parties -> aggregator -> booking.
+"""The federation: the gateway wrapped around the engine computation.
+
+decision (gateway) -> :meth:`Engine.compute <fedmem.federation.compute.Engine.compute>` (shard
+hosts -> compute parties -> aggregator) -> booking (gateway) -> response.
+
+:class:`Federation` composes a :class:`~fedmem.federation.gateway.Gateway` (principals,
+decisions, booking) with a :class:`~fedmem.federation.compute.Engine` (the computation; it
+knows no principal and books nothing), the way Flower's DP wrappers and fedmem's
+:class:`~fedmem.flower.gateway.SupportGatewayStrategy` wrap a strategy: the engine is called
+once per admitted route of a batch and never calls back.
 
 DESIGN.md, "One federated query, end to end"; papers/003. One call to
 :meth:`Federation.retrieve` (or a batch through :meth:`Federation.retrieve_many`), for
@@ -49,21 +58,18 @@ and bytes (public: functions of the batch shape only) are carried into every
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from fedmem import _validate as V
 from fedmem.dp import Accountant
-from fedmem.errors import BudgetExceeded, FederationFault, MpcFailure
-from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
+from fedmem.dp.accountant import event_to_dict
+from fedmem.errors import BudgetExceeded, FederationFault
+from fedmem.federation.aggregator import Release
+from fedmem.federation.client import CapabilityService, MemoryClient
+from fedmem.federation.compute import Engine, Truth
 from fedmem.federation.config import FederationConfig
 from fedmem.federation.gateway import ANONYMOUS, UNISSUED, Decision, Gateway, Principal, refusal
-from fedmem.federation.parties import Parties
-from fedmem.federation.shard_host import host_actor_class, split_shards
-from fedmem.federation.sharing import decode, encode
 
 @dataclass(frozen=True)
 class Response:
@@ -90,24 +96,6 @@ class Response:
 
 
 @dataclass(frozen=True)
-class Truth:
-    """Evaluation only, never shown to the adversary: the exact selection for a query."""
-
-    sum: np.ndarray
-    count: int
-    tallies: np.ndarray
-    contributing: np.ndarray        # bool (S,): shard contributed at least one selected record
-
-    @property
-    def mean(self) -> np.ndarray:
-        return self.sum / max(1, self.count)
-
-    @property
-    def contributors(self) -> int:
-        return int(self.contributing.sum())
-
-
-@dataclass(frozen=True)
 class AuditRecord:
     """Operator's log of one query (inside the boundary; never shown to an agent)."""
 
@@ -130,61 +118,35 @@ class AuditRecord:
     mpc_batch: int | None = None
 
 
-def _ray():
-    import ray
+class Federation(CapabilityService):
+    """A federated memory: the :class:`~fedmem.federation.gateway.Gateway` wrapped around an
+    :class:`~fedmem.federation.compute.Engine` (shard hosts, compute parties, aggregator).
 
-    return ray
-
-
-class Federation:
-    """A federated memory: shard hosts, compute parties, aggregator and gateway."""
+    The engine computes and knows no principal; the gateway owns principals, decisions and
+    booking. :meth:`retrieve_many` decides every query from public state, calls
+    :meth:`Engine.compute <fedmem.federation.compute.Engine.compute>` once per admitted route,
+    books, and only then returns.
+    """
 
     def __init__(self, config: FederationConfig, data, *, accountant: Accountant, rng: np.random.Generator,
                  ray_address: str | None = None, parties=None, ray_options: dict | None = None):
-        ray_options = dict(ray_options or {})
         if not isinstance(config, FederationConfig):
             raise TypeError(f"config must be a FederationConfig. Found {type(config).__name__}.")
         if not isinstance(accountant, Accountant):
             raise TypeError(f"accountant must be a fedmem.dp.Accountant. Found {type(accountant).__name__}.")
-        V.rng_check("rng", rng)
-        if not isinstance(rng, np.random.Generator):
-            raise TypeError(f"rng must be a numpy.random.Generator. Found {type(rng).__name__}.")
-        for name, want, got in (("shards", config.shards, data.n_shards), ("key_dim", config.key_dim, data.key_dim),
-                                ("value_dim", config.value_dim, data.value_dim)):
-            if want != got:
-                raise ValueError(f"data must match config.{name}={want}. Found {got!r}.")
-        self.config, self.data, self.accountant, self.rng = config, data, accountant, rng
-        # a ShardRecipe, or ShardData built by one (ShardData.recipe): the hosts generate their own shards
-        self.recipe = data if getattr(data, "generated_at_hosts", False) else getattr(data, "recipe", None)
+        self.config, self.accountant = config, accountant
         self.audit: list[AuditRecord] = []
-        self.fault_details: list[str] = []     # operator-only details of plan-mismatch faults
         self._closed = False
-        # operator-side profile (benchmarks): wall seconds per stage, summed over calls
-        self.timings = {"hosts": 0.0, "mpc": 0.0, "mpc_party": 0.0, "aggregator": 0.0, "runs": 0}
-        self._seal = True   # seal share packets to their party (benchmarks switch it off to measure the cost)
-        self._owns_ray = False
-        self._hosts: list = []
-        self._hosts_dirty = False
-        self._seed_rng = np.random.default_rng(rng.integers(0, 2**63))
-        self._split = split_shards(config.shards, config.hosts)
-
-        sizes = data.sizes
-        S, kp = config.shards, config.k_local
-        sel = config.effective_selection
-        public = S * kp if sel == "broadcast" else (
-            config.k if sel == "topk" and int(np.minimum(sizes, kp).sum()) >= config.k else None)
-        self.policy = ReleasePolicy(
-            selection=sel, shards=S, k_local=kp, clip=config.clip, value_dim=config.value_dim, k=config.k,
-            threshold=config.threshold, noise=config.noise, sigma=config.sigma, calibration=config.calibration,
-            n_bound=config.n_bound, receipts=config.receipts, receipt_sigma=config.receipt_sigma,
-            sampling=config.sampling, public_count=public)
-        self.safe_policy = dataclasses.replace(self.policy, selection="broadcast", receipts="broadcast",
-                                               calibration="realized", public_count=S * kp)
-        self.plans = {"primary": self.policy.plan()}
-        if config.on_reject == "rerun_broadcast":
-            self.plans["fallback"] = self.safe_policy.plan()
-        self._policies = {"primary": self.policy, "fallback": self.safe_policy}
-        self.gateway = Gateway(accountant, enabled=config.gateway, delta=config.delta, **config.budgets)
+        self.engine = Engine(config, data, rng=rng, ray_address=ray_address, parties=parties,
+                             ray_options=ray_options)
+        try:
+            self.plans = {"primary": self.engine.policy.plan()}
+            if config.on_reject == "rerun_broadcast":
+                self.plans["fallback"] = self.engine.safe_policy.plan()
+            self.gateway = Gateway(accountant, enabled=config.gateway, delta=config.delta, **config.budgets)
+        except BaseException:
+            self.engine.close()
+            raise
         if config.gateway and not self.plans["primary"].bookable and "fallback" not in self.plans:
             import warnings
 
@@ -192,172 +154,45 @@ class Federation:
                           f"channels {self.plans['primary'].exact_channels} and on_reject='raise'. Use "
                           "on_reject='rerun_broadcast', receipts='noised' or 'broadcast', or a public-count "
                           "selection.", stacklevel=2)
-        from fedmem._ray import ensure_ray
 
-        if parties is not None:     # checked before anything starts
-            if not isinstance(parties, Parties):
-                raise TypeError("parties must implement fedmem.federation.parties.Parties (PlaintextParties, "
-                                f"CryptenParties or a subclass). Found {type(parties).__name__}.")
-            if parties.n_parties != config.parties:
-                raise ValueError(f"parties must have n_parties={config.parties}. Found {parties.n_parties!r}.")
-        try:
-            self._owns_ray = ensure_ray(ray_address, num_cpus=ray_options.get("num_cpus"),
-                                        object_store_mb=ray_options.get("object_store_mb"))
-            self._start_hosts()
-            if parties is not None:
-                self.parties, self._owns_parties = parties, False
-            else:
-                from fedmem.federation import mpc
+    # ------------------------------------------------------------------ the wrapped engine (operator side)
+    data = property(lambda self: self.engine.data)
+    recipe = property(lambda self: self.engine.recipe)
+    rng = property(lambda self: self.engine.rng)
+    policy = property(lambda self: self.engine.policy, doc="The primary release policy (public).")
+    safe_policy = property(lambda self: self.engine.safe_policy, doc="The support-safe broadcast policy.")
+    parties = property(lambda self: self.engine.parties)
+    timings = property(lambda self: self.engine.timings, doc="Operator profile: wall seconds per stage.")
+    fault_details = property(lambda self: self.engine.fault_details,
+                             doc="Operator-only details of plan-mismatch faults.")
 
-                if config.mpc == "plaintext":
-                    self.parties = mpc.PlaintextParties(config.parties)
-                else:
-                    self.parties = mpc.CryptenParties(config.parties, timeout_s=config.timeout_s)
-                self._owns_parties = True
-        except BaseException:
-            self.close()
-            raise
+    def _queries(self, qs):   # TEMPORARY: tests call it while tests/ is being moved; use engine.queries
+        return self.engine.queries(qs)
 
-    # ------------------------------------------------------------------ hosts
-    @staticmethod
-    def _host_placement(h: int):
-        """Host ``h`` goes to alive node ``h mod N`` (hard node affinity).
-
-        Ray's ``SPREAD`` is only best effort, and zero-CPU host actors often all land on one
-        node; round-robin over the alive nodes spreads them deterministically. Hard, not soft:
-        a soft affinity falls back to the local node whenever the scheduling raylet's view of
-        the target is not yet current (measured on a fresh 3-node cluster: the 3 hosts landed on
-        1, 2, 2, 3 nodes in repeated runs). A host whose node dies before or after it starts is
-        a dead host: the call fails closed and the next call re-creates it on the nodes alive then."""
-        ray = _ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
-        if len(nodes) <= 1:
-            return "DEFAULT"
-        return NodeAffinitySchedulingStrategy(nodes[h % len(nodes)], soft=False)
-
-    def _new_host(self, h: int):
-        ids = self._split[h]
-        cls = host_actor_class().options(scheduling_strategy=self._host_placement(h))
-        kw = dict(clip=self.config.clip, k_local=self.config.k_local, n_parties=self.config.parties,
-                  seed=int(self._seed_rng.integers(0, 2**63)))
-        recipe = self.recipe
-        if recipe is not None:   # each host generates its own shards: no record leaves the driver
-            return cls.remote(ids, None, None, recipe=recipe, **kw)
-        return cls.remote(ids, [self.data.keys[i] for i in ids], [self.data.values[i] for i in ids], **kw)
-
-    def _start_hosts(self):
-        ray = _ray()
-        self._hosts = [self._new_host(h) for h in range(len(self._split))]
-        try:
-            ray.get([h.ping.remote() for h in self._hosts], timeout=max(self.config.timeout_s, 60.0))
-        except Exception as exc:  # noqa: BLE001
-            raise FederationFault(f"shard hosts failed to start: {exc!r}") from exc
+    def _packets(self, *a, **kw):   # TEMPORARY: as above; use engine.packets
+        return self.engine.packets(*a, **kw)
 
     @property
     def hosts(self) -> list:
         """The live shard-host actors (exposed for fault-injection tests)."""
-        return list(self._hosts)
+        return self.engine.hosts
 
-    def _heal_hosts(self):
-        """Re-create any host that no longer answers (after a fault)."""
-        if not self._hosts_dirty:
-            return
-        ray = _ray()
-        for h, actor in enumerate(self._hosts):
-            try:
-                ray.get(actor.ping.remote(), timeout=min(5.0, self.config.timeout_s))
-            except Exception:  # noqa: BLE001 - dead or hung: replace it
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001
-                    pass
-                self._hosts[h] = self._new_host(h)
-        ray.get([a.ping.remote() for a in self._hosts], timeout=max(self.config.timeout_s, 60.0))
-        self._hosts_dirty = False
+    # ------------------------------------------------------------------ what a capability holder may read
+    def spent(self, capability) -> float:
+        """The epsilon booked to the holder of ``capability`` at ``config.delta`` (0 if unissued)."""
+        label = self.gateway.resolve(capability)
+        return 0.0 if label is None else self.gateway.principal_spent(label)
 
-    # ------------------------------------------------------------------ pipeline
-    def _queries(self, qs) -> np.ndarray:
-        q = V.finite_array("q", qs)
-        if q.ndim == 1:
-            q = q[None]
-        if q.ndim != 2 or q.shape[1] != self.config.key_dim:
-            raise ValueError(f"q must have shape ({self.config.key_dim},) or (B, {self.config.key_dim}). "
-                             f"Found {np.shape(qs)}.")
-        if q.shape[0] > self.config.max_batch:
-            raise ValueError(f"q must hold at most max_batch={self.config.max_batch} queries. Found {q.shape[0]}.")
-        # scale by the largest entry first: the norm of a huge (1e300) vector overflows to inf
-        peak = np.max(np.abs(q), axis=1, keepdims=True)
-        if np.any(peak == 0):
-            raise ValueError("q must be non-zero (it is normalised to a unit vector). Found a zero row.")
-        q = q / peak
-        return q / np.linalg.norm(q, axis=1, keepdims=True)
+    def support_bits_spent(self, capability) -> float:
+        """The support-channel bits booked to the holder of ``capability`` (0 if unissued)."""
+        label = self.gateway.resolve(capability)
+        return 0.0 if label is None else self.gateway.support_bits(label)
 
-    def _packets(self, q: np.ndarray, mode: str, keys=None, run_id: bytes | None = None):
-        """``packets[p][h]``: an ObjectRef to host h's packet for party p (the driver never holds a share);
-        sealed to party p's public key ``keys[p]`` for this ``run_id`` when keys are given."""
-        ray = _ray()
-        self._heal_hosts()
-        P, T = self.config.parties, self.config.timeout_s
-        try:
-            metas = ray.get([h.candidates_refs.remote(q, mode, keys, run_id) for h in self._hosts], timeout=T)
-            if any(len(m["refs"]) != P for m in metas):
-                raise ValueError(f"every shard host must return one packet per party ({P}).")
-        except Exception as exc:  # noqa: BLE001 - dead host, timeout, host error: fail closed
-            self._hosts_dirty = True
-            kind = "timed out" if isinstance(exc, ray.exceptions.GetTimeoutError) else "failed"
-            raise FederationFault(f"shard hosts {kind} (timeout {T:g} s); nothing was released or booked: "
-                                  f"{exc!r}") from exc
-        return [[m["refs"][p] for m in metas] for p in range(P)]
-
-    def _compute(self, q: np.ndarray, policy: ReleasePolicy):
-        from fedmem.federation.sharing import new_run_id
-
-        # seal every packet to its party when the parties publish keys (both shipped backends do)
-        keys = (self.parties.public_keys or None) if self._seal else None
-        run_id = new_run_id() if keys else None
-        tm = self.timings
-        t0 = time.perf_counter()
-        packets = self._packets(q, policy.selection, keys, run_id)
-        t1 = time.perf_counter()
-        tm["hosts"] += t1 - t0
-        try:
-            rev = self.parties.run(packets, policy.selection_spec(), run_id=run_id)
-            tm["mpc"] += time.perf_counter() - t1
-            tm["mpc_party"] += float((getattr(rev, "stats", None) or {}).get("party_seconds", 0.0))
-            tm["runs"] += 1
-            return rev
-        except MpcFailure as exc:
-            self._hosts_dirty = True   # the failure may be a host that died after handing out its refs
-            raise FederationFault(f"compute parties failed; nothing was released or booked: {exc}") from exc
-
-    def _releases(self, q: np.ndarray, policy: ReleasePolicy) -> tuple[list[Release], dict]:
-        """The batch's releases and the public MPC cost of the run that computed them."""
-        rev = self._compute(q, policy)
-        st = getattr(rev, "stats", None) or {}
-        mpc = bool(st.get("secure"))   # a real MPC (CryptenParties), not the plaintext reference
-        meta = {"mpc_rounds": int(st["rounds"]) if mpc else None,
-                "mpc_bytes": int(st["bytes"]) if mpc else None,
-                "mpc_batch": int(q.shape[0]) if mpc else None}
-        t_agg = time.perf_counter()
-        agg = Aggregator(policy)
-        out = []
-        try:
-            for b in range(q.shape[0]):
-                tallies = None if rev.tallies is None else rev.tallies[b]
-                out.append(agg.release(rev.sum[b], rev.count[b], tallies, self.rng))
-        except ValueError as exc:   # data that does not fit the public plan: fail closed
-            # the details (which may name a private count) go to the operator, not into the exception
-            self.fault_details.append(repr(exc))
-            raise FederationFault("a release did not fit its public plan; nothing was released or booked "
-                                  "(details in Federation.fault_details)") from None
-        self.timings["aggregator"] += time.perf_counter() - t_agg
-        return out, meta
+    # ------------------------------------------------------------------ gateway around the engine
 
     def _log(self, d: Decision, decision: str, rel: Release | None, bookings=(), emitted: bool = False,
              mpc: dict | None = None):
-        sel = self._policies[d.route].selection if d.route else self.policy.selection
+        sel = self.engine.policies[d.route].selection if d.route else self.engine.policy.selection
         chans = tuple((c.name, c.kind) for c in rel.channels) if (emitted and rel is not None) else ()
         unacc = tuple(c.name for c in rel.channels if c.kind == "exact") if (emitted and rel is not None) else ()
         self.audit.append(AuditRecord(
@@ -368,8 +203,6 @@ class Federation:
 
     def _respond(self, d: Decision, rel: Release, mpc: dict | None = None) -> Response:
         ev = rel.event()
-        from fedmem.dp.accountant import event_to_dict
-
         return Response(query_id=d.query_id, value=rel.value, count=rel.count, receipts=rel.receipts,
                         channels=tuple(c.name for c in rel.channels),
                         epsilon_spent=self.gateway.principal_spent(d.principal), selection=rel.selection,
@@ -384,8 +217,6 @@ class Federation:
         after a restart: its spend is still charged); anything else — a label, a guessed or
         forged id — is refused (the message does not say whether the label exists).
         """
-        from fedmem.federation.client import MemoryClient
-
         if principal is None:
             principal = self.gateway.new_principal()
         else:
@@ -411,7 +242,7 @@ class Federation:
         """
         if self._closed:
             raise FederationFault("federation is closed.")
-        q = self._queries(qs)
+        q = self.engine.queries(qs)
         B = q.shape[0]
         # a principal is a capability: anything the gateway did not issue is booked as
         # "unissued" and refused uniformly below; None is the in-process operator's own queries
@@ -433,9 +264,9 @@ class Federation:
             for route in ("primary", "fallback"):
                 idx = [b for b, d in enumerate(decisions) if d.route == route]
                 if idx:
-                    route_rels, meta = self._releases(q[idx], self._policies[route])
-                    for b, rel in zip(idx, route_rels):
-                        rels[b], mpcs[b] = rel, meta
+                    done = self.engine.compute(q[idx], self.engine.policies[route])   # the one call in
+                    for b, rel in zip(idx, done.releases):
+                        rels[b], mpcs[b] = rel, done.mpc
         except FederationFault:
             for d in decisions:
                 self._log(d, "fault", None)
@@ -478,55 +309,17 @@ class Federation:
     # ------------------------------------------------------------------ evaluation
     def ground_truth_many(self, qs) -> list[Truth]:
         """Exact selection (plaintext, same encoding and tie-break as the parties); evaluation only."""
-        from fedmem.federation.mpc import plaintext_mask
-        from fedmem.federation.sharing import SelectionSpec
-
-        q = self._queries(qs)
-        sel = self.policy.selection
-        ray = _ray()
-        self._heal_hosts()
-        try:
-            parts = ray.get([h.plain_candidates.remote(q, sel) for h in self._hosts], timeout=self.config.timeout_s)
-        except Exception as exc:  # noqa: BLE001
-            self._hosts_dirty = True
-            raise FederationFault(f"shard hosts failed while computing the ground truth: {exc!r}") from exc
-        scores = np.concatenate([p[0] for p in parts], axis=1)
-        values = np.concatenate([p[1] for p in parts], axis=1)
-        valid = np.concatenate([p[2] for p in parts], axis=1)
-        B, S, m = scores.shape
-        spec = SelectionSpec(mode=sel, k=self.config.k, threshold=self.config.threshold)
-        mask = plaintext_mask(encode(scores).reshape(B, S * m), valid.reshape(B, S * m), spec).reshape(B, S, m)
-        ring = encode(values)
-        out = []
-        for b in range(B):
-            with np.errstate(over="ignore"):
-                tot = decode(np.where(mask[b][..., None], ring[b], 0).sum(axis=(0, 1), dtype=np.int64))
-            tallies = mask[b].sum(axis=1).astype(np.int64)
-            out.append(Truth(sum=tot, count=int(tallies.sum()), tallies=tallies, contributing=tallies > 0))
-        return out
+        return self.engine.ground_truth_many(qs)
 
     def ground_truth(self, q) -> Truth:
-        return self.ground_truth_many(np.asarray(q, dtype=np.float64)[None])[0]
+        return self.engine.ground_truth(q)
 
     # ------------------------------------------------------------------ lifecycle
     def close(self):
         if self._closed:
             return
         self._closed = True
-        ray = _ray()
-        if getattr(self, "_owns_parties", False):
-            try:
-                self.parties.close()
-            except Exception:  # noqa: BLE001
-                pass
-        for h in self._hosts:
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
-        self._hosts = []
-        if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+        self.engine.close()
 
     def __enter__(self):
         return self
