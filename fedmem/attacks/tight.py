@@ -78,6 +78,7 @@ __all__ = [
     "gdp_mu",
     "preregistered_threshold_bound",
     "gdp_audit",
+    "gdp_power",
     "one_run_p_value",
     "one_run_epsilon_lower_bound",
     "one_run_audit",
@@ -299,6 +300,23 @@ def gdp_audit(pos, neg, *, delta: float, alpha: float = 0.05, rng: np.random.Gen
     return Estimate("gdp_fit", eps, int(p.size + n.size), 1.0 - alpha, delta,
                     {"mu_lower": mu_lower, "mu_hat": max(0.0, best_hat), "threshold": best_t,
                      "thresholds_tested": tests})
+
+
+def gdp_power(n_pos: int, n_neg: int, *, alpha: float = 0.05, select_frac: float = 0.5,
+              n_thresholds: int = 64) -> float:
+    """The largest ``mu_lower`` :func:`gdp_audit` can return with these many scores per world: a
+    perfect attack (every held-out positive above every held-out negative) at the same split and
+    Bonferroni level. A test whose power is below the booked ``mu`` cannot show a leak of that size."""
+    n_pos = V.positive_int("n_pos", n_pos, minimum=4)
+    n_neg = V.positive_int("n_neg", n_neg, minimum=4)
+    alpha = V.open_unit("alpha", alpha)
+    select_frac = V.open_unit("select_frac", select_frac)
+    n_thresholds = V.positive_int("n_thresholds", n_thresholds, minimum=2)
+    level = alpha / (2 * n_thresholds)
+    ev = [n - max(1, min(n - 1, int(round(select_frac * n)))) for n in (n_pos, n_neg)]
+    tpr_lo, _ = _cp_ends(ev[0], ev[0], level)
+    _, fpr_hi = _cp_ends(0, ev[1], level)
+    return max(0.0, float(norm.isf(float(fpr_hi)) + norm.isf(1.0 - float(tpr_lo))))
 
 
 # ------------------------------------------------------------------ estimator 3

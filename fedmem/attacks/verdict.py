@@ -30,8 +30,20 @@ The rule, for an attack that saw what was booked as ``(eps_booked, delta_booked)
 * ``"no leak seen"`` otherwise; the text says ``(power X < Y booked)``: the test was too
   small to see a leak of the booked size, so it shows nothing either way.
 
-Each of the two LEAK tests is at level ``alpha`` (the family-wise false-LEAK rate is at
-most ``2 alpha``). A run whose noise came from a fast float sampler is not DP at all
+* **Gaussian DP (when the booking is Gaussian only)**: a release composed of Gaussian events
+  is exactly ``mu``-GDP (:func:`fedmem.dp.events.gaussian_mu`), a claim much stronger at the
+  tails than its ``(eps, delta)`` conversion. ``judge(..., mu_booked=mu)`` then also fits the
+  whole ROC (:func:`fedmem.attacks.tight.gdp_audit`: many pre-registered thresholds, held-out
+  Clopper-Pearson with Bonferroni) and reports ``LEAK`` when the lower confidence bound
+  ``mu_lower`` exceeds ``mu_booked`` (no trade-off point of a ``mu_booked``-GDP mechanism lies
+  below its curve: sound for any mechanism). Its power (:func:`fedmem.attacks.tight.gdp_power`,
+  what a perfect attack proves) counts for "within booked" too: with 400 trials per world a
+  perfect attack proves ``mu >= 3.46`` while a Gaussian release at noise multiplier 1.2 books
+  ``mu = 0.83``; Clopper-Pearson alone (power ``eps 3.98``) cannot reach that release's
+  ``eps = 4.25`` at ``delta = 1e-6``.
+
+Each LEAK test is at level ``alpha`` (the family-wise false-LEAK rate is at most ``2 alpha``,
+``3 alpha`` with the GDP test). A run whose noise came from a fast float sampler is not DP at all
 (its low-order bits identify the input; :mod:`fedmem.attacks.float_bits`): reports label it
 with :func:`sampler_label`.
 """
@@ -45,6 +57,7 @@ import numpy as np
 
 from fedmem import _validate as V
 from fedmem.attacks.audit import epsilon_lower_bound
+from fedmem.attacks.tight import gdp_audit, gdp_power
 
 __all__ = ["Verdict", "judge", "judge_counts", "separation_pvalue", "sampler_label",
            "LEAK", "WITHIN", "NO_LEAK_SEEN", "NOT_DP_FLOAT", "is_leak", "worst"]
@@ -65,6 +78,9 @@ class Verdict:
     power: float            # the largest epsilon lower bound this many trials could prove (perfect attack)
     ceiling_crossed: bool   # the ROC lies provably above the DP trade-off curve of the booked (eps, delta)
     text: str
+    mu_booked: float | None = None   # the booked release is exactly mu-GDP (Gaussian events only), else None
+    mu_lower: float | None = None    # GDP lower confidence bound of the attack's ROC (when mu_booked is given)
+    mu_power: float | None = None    # the mu_lower a perfect attack would reach with these trials
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -142,8 +158,18 @@ def separation_pvalue(n_pos: int, n_neg: int, eps: float, delta: float = 0.0, gr
     return float(min(1.0, math.exp(top) * np.sum(np.exp(terms - top))))
 
 
-def _text(label: str, eps_lower: float, eps_booked: float, delta: float, power: float, crossed: bool) -> str:
+def _text(label: str, eps_lower: float, eps_booked: float, delta: float, power: float, crossed: bool,
+          gdp: tuple | None = None) -> str:
     booked = "inf" if math.isinf(eps_booked) else f"{eps_booked:.2f}"
+    if gdp is not None:
+        mu_b, mu_lo, mu_pow = gdp
+        if label == LEAK and mu_lo > mu_b + 1e-12 and not eps_lower > eps_booked and not crossed:
+            return f"LEAK (GDP mu >= {mu_lo:.2f} > {mu_b:.2f} booked; CP eps >= {eps_lower:.2f})"
+        if label == WITHIN and not power >= eps_booked:
+            return (f"within booked (GDP mu >= {mu_lo:.2f} <= {mu_b:.2f} booked, power mu {mu_pow:.2f}; "
+                    f"CP eps >= {eps_lower:.2f})")
+        if label == NO_LEAK_SEEN:
+            return f"no leak seen (power eps {power:.2f} < {booked}, mu {mu_pow:.2f} < {mu_b:.2f} booked)"
     if label == LEAK:
         if eps_lower > eps_booked:
             return f"LEAK (eps >= {eps_lower:.2f} > {booked} booked)"
@@ -157,15 +183,20 @@ def _text(label: str, eps_lower: float, eps_booked: float, delta: float, power: 
     return f"no leak seen (power {power:.2f} < {booked} booked)"
 
 
-def _decide(eps_lower: float, power: float, crossed: bool, eps_booked: float, delta: float) -> Verdict:
-    if eps_lower > eps_booked + 1e-12 or crossed:
+def _decide(eps_lower: float, power: float, crossed: bool, eps_booked: float, delta: float,
+            gdp: tuple | None = None) -> Verdict:
+    """``gdp``: ``(mu_booked, mu_lower, mu_power)`` when the booking is Gaussian only."""
+    gdp_leak = gdp is not None and gdp[1] > gdp[0] + 1e-12
+    gdp_power_ok = gdp is not None and gdp[2] >= gdp[0]
+    if eps_lower > eps_booked + 1e-12 or crossed or gdp_leak:
         label = LEAK
-    elif power >= eps_booked:
+    elif power >= eps_booked or gdp_power_ok:
         label = WITHIN
     else:
         label = NO_LEAK_SEEN
+    mu = (None, None, None) if gdp is None else tuple(float(x) for x in gdp)
     return Verdict(label, float(eps_lower), float(eps_booked), float(delta), float(power), bool(crossed),
-                   _text(label, eps_lower, eps_booked, delta, power, crossed))
+                   _text(label, eps_lower, eps_booked, delta, power, crossed, gdp), *mu)
 
 
 def _power(n_pos: int, n_neg: int, delta: float, alpha: float) -> float:
@@ -204,7 +235,7 @@ def _counts(pos: np.ndarray, neg: np.ndarray, t: float) -> tuple[int, int]:
 
 
 def judge(pos_scores, neg_scores, eps_booked, delta_booked=0.0, *, alpha=0.05,
-          rng: np.random.Generator | None = None) -> Verdict:
+          rng: np.random.Generator | None = None, mu_booked: float | None = None) -> Verdict:
     """Verdict of an attack from its scores (higher = "the target is in"), one per trial:
     ``pos_scores`` on the world with the target, ``neg_scores`` on its neighbour.
 
@@ -216,6 +247,11 @@ def judge(pos_scores, neg_scores, eps_booked, delta_booked=0.0, *, alpha=0.05,
     ``ceiling_crossed`` is that bound above the booking, or all positives strictly above all
     negatives (an event fixed in advance, so on all trials) with the separation p-value
     (module docstring) at most ``alpha``.
+
+    ``mu_booked``: when what was booked is exactly ``mu``-GDP (Gaussian events only,
+    :func:`fedmem.dp.events.gaussian_mu`), the whole-ROC GDP test runs too (module docstring) on
+    its own split, drawn from a child of ``rng`` (``rng.spawn``), so the Clopper-Pearson numbers
+    are the same with or without it. At least 4 scores per world are needed for it.
     """
     pos = V.finite_array("pos_scores", pos_scores, ndim=1)
     neg = V.finite_array("neg_scores", neg_scores, ndim=1)
@@ -241,4 +277,10 @@ def judge(pos_scores, neg_scores, eps_booked, delta_booked=0.0, *, alpha=0.05,
     crossed = eps_lower > eps + 1e-12
     if not crossed and pos.min() > neg.max() and not math.isinf(eps):
         crossed = separation_pvalue(pos.size, neg.size, eps, delta) <= alpha
-    return _decide(eps_lower, power, crossed, eps, delta)
+    gdp = None
+    if mu_booked is not None:
+        mu_b = V.nonnegative("mu_booked", mu_booked)
+        if pos.size >= 4 and neg.size >= 4 and math.isfinite(mu_b):
+            est = gdp_audit(pos, neg, delta=delta if 0 < delta < 1 else 1e-6, alpha=alpha, rng=rng.spawn(1)[0])
+            gdp = (mu_b, est.details["mu_lower"], gdp_power(pos.size, neg.size, alpha=alpha))
+    return _decide(eps_lower, power, crossed, eps, delta, gdp)

@@ -120,3 +120,27 @@ def event_from_dict(d: dict):
         return dp_accounting.DpEvent.from_named_tuple(nt(module, name, **fields))
     except TypeError as exc:
         raise ValueError(f"event fields of {name} must be its attrs fields. Found {sorted(fields)}.") from exc
+
+
+# ------------------------------------------------------------------ Gaussian DP of an event
+def gaussian_mu(event) -> float | None:
+    """``mu`` such that ``event`` (a dp-accounting event or its stored dict) is exactly ``mu``-GDP
+    (Dong, Roth and Su 2022), or ``None`` when it is not a composition of Gaussian releases only.
+
+    A Gaussian release with noise multiplier ``z`` (noise std / L2 sensitivity, dp-accounting's
+    convention) is ``1/z``-GDP, and GDP composes exactly: ``mu = sqrt(sum mu_i^2)``. A
+    ``NoOpDpEvent`` is 0-GDP. Any other event (Laplace, pure, sampled, ...) has no exact GDP
+    curve here: ``None``, so callers fall back to (epsilon, delta) tests."""
+    ev = event_from_dict(event) if isinstance(event, dict) else event
+    if isinstance(ev, dp_accounting.GaussianDpEvent):
+        z = float(ev.noise_multiplier)
+        return 1.0 / z if z > 0 else float("inf")
+    if isinstance(ev, dp_accounting.NoOpDpEvent):
+        return 0.0
+    if isinstance(ev, dp_accounting.SelfComposedDpEvent):
+        mu = gaussian_mu(ev.event)
+        return None if mu is None else mu * float(ev.count) ** 0.5
+    if isinstance(ev, dp_accounting.ComposedDpEvent):
+        mus = [gaussian_mu(e) for e in ev.events]
+        return None if any(m is None for m in mus) else float(sum(m * m for m in mus)) ** 0.5
+    return None
