@@ -42,99 +42,26 @@ added against what the realized reply count needs) and what the gateway did and 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from fedmem.experiments.flower_faults import (chi2_std_ci, eps_of, explain_faults, fault_plan, fault_rows,
+                                              ledger_check)
+from fedmem.experiments.flower_schema import DP_CHOICES, SCHEMA, cross_checks
 from fedmem.report import Result, Table
-from fedmem.scenario import Experiment, Param, at_least, nonnegative, open_unit, positive
+from fedmem.scenario import Experiment
 
-DP_CHOICES = ("fedmem", "flower")
+__all__ = ["DP_CHOICES", "EXPERIMENTS", "SCHEMA", "cross_checks", "run"]
 
+# Their old private names (the tests import them from here).
+_chi2_std_ci, _eps_of = chi2_std_ci, eps_of
 
-def _dp_list(v) -> str | None:
-    if not v or any(x not in DP_CHOICES for x in v) or len(set(v)) != len(v):
-        return f"must be a non-empty list of distinct items from {list(DP_CHOICES)}, found {v!r}"
-    return None
-
-
-SCHEMA = {
-    "federation": {
-        "shards": Param(int, 20, "shards = Flower ClientApps (SuperNodes)", check=at_least(3)),
-        "records_per_shard": Param(int, 20, "records per shard", check=at_least(1)),
-        "key_dim": Param(int, 32, "key dimension", check=at_least(2)),
-        "value_dim": Param(int, 16, "value dimension", check=at_least(1)),
-        "clip": Param(float, 1.0, "values clipped to L2 norm <= clip", check=positive),
-        "k_local": Param(int, 5, "k': local top-k' before the threshold (also the public num_examples)",
-                         check=at_least(1)),
-        "threshold": Param(float, 0.5, "cosine threshold of the local selection"),
-        "dp": Param(list, help="required: central DP of the defended deployments, one Flower + gateway "
-                    "deployment each: 'fedmem' (the wrapper's own noise) and/or 'flower' (Flower's "
-                    "DifferentialPrivacyClientSideFixedClipping inside the wrapper)", item_type=str, check=_dp_list),
-        "sigma": Param(float, help="required: fedmem noise multiplier (noise sigma * sensitivity on the sum)", check=positive),
-        "flower_sigma": Param(float, help="required: Flower DP wrapper noise_multiplier", check=positive),
-        "flower_clip": Param(float, help="required: Flower DP wrapper clipping_norm (fixedclipping_mod)", check=positive),
-        "clipping_range": Param(float, 8.0, "SecAgg+ clipping_range (power of two >= k' * clip)", check=positive),
-        "delta": Param(float, help="required: delta of every epsilon", check=open_unit),
-        "epsilon_budget": Param(float, help="required: gateway epsilon budget of the querying principal (inf "
-                                "disables; the audit needs every round answered)", check=positive, allow_inf=True),
-        "total_epsilon_budget": Param(float, help="required: gateway total epsilon budget (inf disables)",
-                                      check=positive, allow_inf=True),
-        "num_shares": Param(int, 5, "SecAgg+ num_shares", check=at_least(3)),
-        "reconstruction_threshold": Param(int, 3, "SecAgg+ reconstruction_threshold", check=at_least(2)),
-        "num_cpus": Param(int, 2, "CPUs of the simulation's private local Ray", check=at_least(1)),
-        "client_cpus": Param(float, 0.5, "Ray CPUs per ClientApp actor", check=positive),
-        "timeout_s": Param(float, 1800.0, "wall-clock limit of one simulation", check=positive),
-    },
-    "ray_engine": {
-        "enabled": Param(bool, True, "run the 'ray' engine column (fedmem's Ray + CrypTen federation, threshold "
-                         "selection) on the same shards, queries and candidate"),
-        "mpc": Param(str, "crypten", "its compute parties: crypten (real secret sharing) or plaintext (bit-identical "
-                     "reference)", choices=("crypten", "plaintext")),
-        "receipt_sigma": Param(float, 4.0, "noise multiplier of the defended column's noised receipts",
-                               check=positive),
-        "hosts": Param(int, 2, "shard-host Ray actors", check=at_least(1)),
-    },
-    "faults": {
-        "fail_rounds": Param(int, 2, "rounds (after the attack rounds) in which one ClientApp raises in fit (the "
-                             "masked-vector stage of SecAgg+)", check=nonnegative),
-        "dropout_rounds": Param(int, 2, "rounds in which dropout_clients ClientApps reply after the round's "
-                                "deadline (silent dropout)", check=nonnegative),
-        "dropout_clients": Param(int, 2, "ClientApps that drop out silently in each dropout round",
-                                 check=at_least(1)),
-        "deadline_s": Param(float, 8.0, "SecAgg+ deadline (workflow timeout) of a dropout round", check=positive),
-        "stall_s": Param(float, 4.0, "how much later than the deadline a dropped-out ClientApp replies",
-                         check=positive),
-    },
-    "data": {
-        "clusters": Param(int, 8, "topics", check=at_least(1)),
-        "spread": Param(float, 0.35, "key spread around a topic centre", check=positive),
-    },
-    "attack": {
-        "queries": Param(int, 30, "reconstruction queries (one round each)", check=at_least(1)),
-        "tolerance": Param(int, 2, "a reconstruction is a hit within this many shards", check=at_least(0)),
-        "targets": Param(int, 1, "membership candidates", check=at_least(1)),
-        "repeats": Param(int, 40, "membership rounds per target and world", check=at_least(4)),
-        "alpha": Param(float, 0.05, "confidence of CIs and epsilon lower bounds", check=open_unit),
-    },
-}
-
-
-def _cross(cfg):
-    f = cfg.federation
-    out = []
-    if f.k_local > f.records_per_shard:
-        out.append(("federation.k_local", f"must be <= records_per_shard ({f.records_per_shard}), found {f.k_local}"))
-    if f.k_local * f.clip > f.clipping_range or f.k_local > f.clipping_range:
-        out.append(("federation.clipping_range", f"must be >= k_local * clip and >= k_local, found {f.clipping_range}"))
-    m, e = math.frexp(f.clipping_range)
-    if m != 0.5:
-        out.append(("federation.clipping_range", f"must be a power of two, found {f.clipping_range}"))
-    if cfg.faults.dropout_clients >= f.shards:
-        out.append(("faults.dropout_clients", f"must be < shards ({f.shards}), found {cfg.faults.dropout_clients}"))
-    if f.reconstruction_threshold >= f.num_shares:
-        out.append(("federation.reconstruction_threshold", f"must be < num_shares ({f.num_shares}), found "
-                                                           f"{f.reconstruction_threshold}"))
-    return out
+# The library imports of the run steps (fedmem.attacks, fedmem.bench, fedmem.flower) stay inside
+# the functions that use them: the registry imports this module to validate a scenario (`fedmem
+# validate`, `fedmem list`), and they pull in Flower and scipy.stats (`python -X importtime` on the
+# shared 2-core machine: fedmem.flower.apps 2.4 s, fedmem.attacks.verdict 11 s, against 1.2 s for
+# this module with fedmem.report and fedmem.scenario).
 
 
 def _spec(cfg, world, rounds, deployment, ledger, seed, dp=None, faults=None):
@@ -163,126 +90,27 @@ def _truths(world, rounds, k_local, threshold, grid, shards):
     return out
 
 
-def _fault_plan(cfg, qs, first_round: int, rng):
-    """Fault rounds after the attack rounds: ``fail_rounds`` with one ClientApp raising, ``dropout_rounds``
-    with ``dropout_clients`` replying after the deadline, alternating (fail first). Returns the extra
-    rounds and the spec entries (drops, stalls, stall_s, round_timeouts) plus {round: kind}."""
-    fl, f = cfg.faults, cfg.federation
-    kinds = []
-    for i in range(max(fl.fail_rounds, fl.dropout_rounds)):
-        if i < fl.fail_rounds:
-            kinds.append("fail")
-        if i < fl.dropout_rounds:
-            kinds.append("dropout")
-    rounds, drops, stalls, timeouts, kind_of = [], {}, {}, {}, {}
-    for j, kind in enumerate(kinds):
-        rnd = first_round + j
-        rounds.append({"query": qs[j % len(qs)].tolist(), "world": 0, "target": -1, "kind": kind})
-        kind_of[rnd] = kind
-        if kind == "fail":
-            drops.setdefault(int(rng.integers(f.shards)), []).append(rnd)
-        else:
-            for c in rng.choice(f.shards, size=fl.dropout_clients, replace=False):
-                stalls.setdefault(int(c), []).append(rnd)
-            timeouts[rnd] = fl.deadline_s
-    spec = {"drops": drops, "stalls": stalls, "stall_s": fl.deadline_s + fl.stall_s, "round_timeouts": timeouts}
-    return rounds, spec, kind_of
+@dataclass
+class _Plan:
+    """One run's world and rounds: the attack rounds (reconstruction, then membership) and the
+    fault rounds after them, shared by every deployment and the Ray engine column."""
+    world: dict
+    data: object
+    targets: list
+    qs: np.ndarray
+    rounds: list
+    n_attack: int
+    fault_spec: dict
+    kind_of: dict
+    truths: list
 
 
-def _chi2_std_ci(noise, alpha):
-    """Pooled std of zero-mean noise samples and its chi-square CI."""
-    from scipy.stats import chi2
-
-    x = np.asarray(noise, dtype=np.float64).ravel()
-    n = x.size
-    s2 = float(np.mean(x ** 2))
-    return math.sqrt(s2), (math.sqrt(s2 * n / chi2.ppf(1 - alpha / 2, n)), math.sqrt(s2 * n / chi2.ppf(alpha / 2, n)))
-
-
-def _eps_of(multiplier: float, delta: float) -> float:
-    import dp_accounting
-
-    from fedmem.dp import Accountant
-
-    acc = Accountant("rdp")
-    acc.book(dp_accounting.GaussianDpEvent(multiplier), "probe")
-    return acc.spent(delta)
-
-
-def _fault_rows(label, run_out, kind_of, f, alpha, flower_dp: bool):
-    """One row per fault kind for a deployment: what Flower's server got and what left."""
-    recs = {r["round"]: r for r in run_out["records"]}
-    aggs = run_out.get("aggregates", {})
-    gw = run_out.get("gateway")
-    audit = {a["server_round"]: a for a in gw["audit"]} if gw else {}
-    rows, out = [], {}
-    m = f.shards
-    for kind in ("fail", "dropout"):
-        rnds = [r for r, k in kind_of.items() if k == kind]
-        if not rnds:
-            continue
-        replies = [len(recs.get(r, {}).get("replied", [])) for r in rnds]
-        failures = [int(recs.get(r, {}).get("failures", 0)) for r in rnds]
-        released = [r for r in rnds if recs.get(r, {}).get("output") is not None]
-        booked = sum(len(audit.get(r, {}).get("bookings", [])) for r in rnds) if gw else 0
-        decisions = sorted({audit[r]["decision"] + (":" + "+".join(audit[r]["reasons"]) if audit[r]["reasons"]
-                                                    else "") for r in rnds if r in audit}) if gw else []
-        std_txt, eps_txt = "-", "-"
-        d = {"rounds": rnds, "replies": replies, "failures": failures, "released": len(released),
-             "bookings": booked, "gateway_decisions": decisions}
-        noise = [np.asarray(recs[r]["output"]) - np.asarray(aggs[r]) for r in released if r in aggs]
-        if noise and flower_dp and not gw:
-            std, (lo, hi) = _chi2_std_ci(noise, alpha)
-            n_rep = [len(recs[r]["replied"]) for r in released]
-            n_min = min(n_rep)
-            calibrated = f.flower_sigma * f.flower_clip / m
-            needed = f.flower_sigma * f.flower_clip / n_min
-            delivered = f.flower_sigma * n_min / m
-            eps_claim, eps_real = _eps_of(f.flower_sigma, f.delta), _eps_of(delivered, f.delta)
-            std_txt = (f"{std:.4f} [{lo:.4f}, {hi:.4f}] (Flower's calibration to m={m}: {calibrated:.4f}; "
-                       f"needed for its claim at n={n_min}: {needed:.4f})")
-            eps_txt = f"claimed {eps_claim:.2f}, delivered {eps_real:.2f} (multiplier {delivered:.3f})"
-            d.update(noise_std_measured=std, noise_std_ci=[lo, hi], noise_std_calibrated=calibrated,
-                     noise_std_needed=needed, replies_released=n_rep, eps_claimed=eps_claim,
-                     eps_delivered=eps_real, samples=int(sum(x.size for x in noise)))
-        elif gw:
-            eps_txt = "nothing booked" if booked == 0 else f"{booked} bookings"
-        warn = sum("differs from the number of sampled clients" in w for r in rnds
-                   for w in recs.get(r, {}).get("warnings", []))
-        d["flower_reply_count_warnings"] = warn
-        rows.append([label, kind, len(rnds), ", ".join(f"{x}/{m}" for x in replies), ", ".join(map(str, failures)),
-                     f"{len(released)}/{len(rnds)}", std_txt, eps_txt,
-                     ", ".join(decisions) if gw else f"{warn} reply-count warning(s)"])
-        out[kind] = d
-    return rows, out
-
-
-def _ledger_check(run_out, delta) -> dict:
-    """Nothing lost: the ledger's principal and total spend equal the composition of the admitted rounds."""
-    import dp_accounting
-
-    from fedmem.dp import Accountant
-
-    gw = run_out["gateway"]
-    admitted = [a for a in gw["audit"] if a["decision"] == "admitted"]
-    ref = Accountant("rdp")
-    for _ in admitted:
-        ref.book(dp_accounting.GaussianDpEvent(gw["multiplier"]), "ref")
-    want = ref.spent(delta) if admitted else 0.0
-    return {"admitted": len(admitted), "bookings": sum(len(a["bookings"]) for a in gw["audit"]),
-            "principal_spent": gw["spent"], "total_spent": gw["total_spent"], "expected": want,
-            "consistent": bool(math.isclose(gw["spent"], want, rel_tol=1e-9, abs_tol=1e-12)
-                               and math.isclose(gw["total_spent"], want, rel_tol=1e-9, abs_tol=1e-12)
-                               and sum(len(a["bookings"]) for a in gw["audit"]) == 2 * len(admitted))}
-
-
-def run(cfg, ctx) -> Result:
-    from fedmem.attacks.support import cardinality_from_count, membership_report, reconstruction_report
-    from fedmem.attacks.verdict import judge, sampler_label, worst
+def _plan(cfg, ctx) -> _Plan:
+    """Step 1: the shards, the reconstruction queries, the membership rounds (both worlds,
+    shuffled), the fault rounds and the true contributing-shard counts."""
     from fedmem.bench.shards import sample_queries
     from fedmem.flower.apps import build_world, world_spec
     from fedmem.flower.fixedpoint import SecAggGrid
-    from fedmem.flower.sim import simulate
 
     f, a = cfg.federation, cfg.attack
     world = world_spec(seed=int(ctx.rng("data").integers(2 ** 31)), shards=f.shards,
@@ -298,62 +126,88 @@ def run(cfg, ctx) -> Result:
         order.shuffle(worlds)
         rounds += [{"query": tg["key"].tolist(), "world": int(w), "target": t, "kind": "member"} for w in worlds]
     n_attack = len(rounds)
-    fault_rounds, fault_spec, kind_of = _fault_plan(cfg, qs, n_attack + 1, ctx.rng("faults"))
+    fault_rounds, fault_spec, kind_of = fault_plan(cfg, qs, n_attack + 1, ctx.rng("faults"))
     rounds += fault_rounds
     truths = _truths(world, rounds[: a.queries], f.k_local, f.threshold, grid, f.shards)
-    metrics: dict = {"wall_s": {}}
+    return _Plan(world, data, targets, qs, rounds, n_attack, fault_spec, kind_of, truths)
 
-    # ---- the "ray" engine column: same shards, queries and candidate, in this process (Ray + CrypTen)
-    ray_out = None
-    if cfg.ray_engine.enabled:
-        from fedmem.experiments.flower_ray_engine import run_ray_engine
 
-        ctx.log(f"ray engine: {cfg.ray_engine.mpc} parties, threshold selection, {f.shards} shards")
-        ray_out = run_ray_engine(f, cfg.ray_engine, data, targets, qs, a.repeats, rng_for=ctx.rng,
-                                 ray_address=ctx.ray_address, log=ctx.log)
-        metrics["wall_s"]["ray"] = sum(ray_out[v]["wall_s"] for v in ("undefended", "defended")) + ray_out["startup_s"]
+def _run_ray_column(cfg, ctx, plan: _Plan, metrics: dict):
+    """Step 2: the "ray" engine column: same shards, queries and candidate, in this process (Ray + CrypTen)."""
+    from fedmem.experiments.flower_ray_engine import run_ray_engine
 
-    # ---- Flower deployments (each its own run_simulation in a spawned process)
+    f, a = cfg.federation, cfg.attack
+    ctx.log(f"ray engine: {cfg.ray_engine.mpc} parties, threshold selection, {f.shards} shards")
+    ray_out = run_ray_engine(f, cfg.ray_engine, plan.data, plan.targets, plan.qs, a.repeats, rng_for=ctx.rng,
+                             ray_address=ctx.ray_address, log=ctx.log)
+    metrics["wall_s"]["ray"] = sum(ray_out[v]["wall_s"] for v in ("undefended", "defended")) + ray_out["startup_s"]
+    return ray_out
+
+
+def _simulate_deployments(cfg, ctx, plan: _Plan, metrics: dict) -> dict:
+    """Step 3: the Flower deployments, stock then one gateway deployment per ``federation.dp``
+    (each its own run_simulation in a spawned process)."""
+    from fedmem.flower.sim import simulate
+
+    f = cfg.federation
     deployments = [("stock", None)] + [("gateway", dp) for dp in f.dp]
     runs = {}
     for dep, dp in deployments:
         key = dep if dp is None else f"gateway-{dp}"
-        ctx.log(f"flower: simulating {key} ({len(rounds)} rounds, {f.shards} ClientApps)")
-        runs[key] = simulate(_spec(cfg, world, rounds, dep, ctx.out_dir / "ledger.sqlite",
-                                   int(ctx.rng("noise", key).integers(2 ** 31)), dp=dp, faults=fault_spec),
+        ctx.log(f"flower: simulating {key} ({len(plan.rounds)} rounds, {f.shards} ClientApps)")
+        runs[key] = simulate(_spec(cfg, plan.world, plan.rounds, dep, ctx.out_dir / "ledger.sqlite",
+                                   int(ctx.rng("noise", key).integers(2 ** 31)), dp=dp, faults=plan.fault_spec),
                              timeout_s=f.timeout_s)
         metrics["wall_s"][key] = runs[key]["wall_s"]
+    return runs
 
-    m = f.shards
-    eps_flower_claim = _eps_of(f.flower_sigma, f.delta)
-    rows = []
-    mrng = ctx.rng("audit")
-    attack_rounds = rounds[:n_attack]
 
-    defended_rows: list[bool] = []
+class _VerdictRows:
+    """The attack table's rows, one per (engine, observer), each judged by the one verdict rule
+    (fedmem.attacks.verdict.judge) against what this observer's release booked (eps per round at
+    delta; nothing booked = 0). A float-sampler release is labelled not DP."""
 
-    verdicts: list = []
+    def __init__(self, f, a, truths, mrng, metrics):
+        self.f, self.a, self.truths, self.mrng, self.metrics = f, a, truths, mrng, metrics
+        self.rows: list = []
+        self.defended: list[bool] = []
+        self.verdicts: list = []
 
-    def add_row(engine, observer, est, pos, neg, booked, defended, sampling=None, extra=None):
-        # One verdict rule (fedmem.attacks.verdict.judge) against what this observer's release booked
-        # (eps per round at delta; nothing booked = 0). A float-sampler release is labelled not DP.
-        defended_rows.append(defended)
-        rec_rep = reconstruction_report(est, truths, a.tolerance, a.alpha)
+    def add(self, engine, observer, est, pos, neg, booked, defended, sampling=None, extra=None):
+        from fedmem.attacks.support import membership_report, reconstruction_report
+        from fedmem.attacks.verdict import judge, sampler_label
+
+        f, a, mrng = self.f, self.a, self.mrng
+        self.defended.append(defended)
+        rec_rep = reconstruction_report(est, self.truths, a.tolerance, a.alpha)
         mem = membership_report(pos, neg, delta=f.delta, rng=mrng, epsilon_claim=booked if booked > 0 else math.inf,
                                 alpha=a.alpha)
         v = judge(pos, neg, booked, f.delta if booked > 0 else 0.0, alpha=a.alpha,
                   rng=np.random.default_rng(mrng.integers(2 ** 31)))
-        verdicts.append(v)
+        self.verdicts.append(v)
         float_label = sampler_label(sampling) if sampling is not None else None
         text = v.text + (f"; {float_label}" if float_label else "")
-        rows.append([engine, observer, f"{rec_rep.rate:.0%} [{rec_rep.ci[0]:.0%}, {rec_rep.ci[1]:.0%}]",
-                     f"{rec_rep.chance_rate:.0%}", f"{mem.auc:.3f} [{mem.auc_ci[0]:.3f}, {mem.auc_ci[1]:.3f}]",
-                     f"{mem.tpr_at_1:.3f}", f"{v.eps_lower:.2f} (power {v.power:.2f})",
-                     f"{booked:.2f}" if booked > 0 else "nothing booked", text])
-        metrics.setdefault("rows", {})[f"{engine} | {observer}"] = {
+        self.rows.append([engine, observer, f"{rec_rep.rate:.0%} [{rec_rep.ci[0]:.0%}, {rec_rep.ci[1]:.0%}]",
+                          f"{rec_rep.chance_rate:.0%}", f"{mem.auc:.3f} [{mem.auc_ci[0]:.3f}, {mem.auc_ci[1]:.3f}]",
+                          f"{mem.tpr_at_1:.3f}", f"{v.eps_lower:.2f} (power {v.power:.2f})",
+                          f"{booked:.2f}" if booked > 0 else "nothing booked", text])
+        self.metrics.setdefault("rows", {})[f"{engine} | {observer}"] = {
             "reconstruction": rec_rep.as_dict(), "membership": mem.as_dict(), "verdict": v.as_dict(),
             "verdict_text": text, "sampling": sampling, "booked_eps_per_round": booked, **(extra or {})}
 
+    def worst(self, defended: bool) -> str:
+        from fedmem.attacks.verdict import worst
+
+        return worst([v for v, d in zip(self.verdicts, self.defended) if (d if defended else not d)])
+
+
+def _flower_observer_rows(runs: dict, plan: _Plan, f, table: _VerdictRows) -> None:
+    """Step 4: per Flower deployment and observer (querying agent, wrapped strategy, server
+    strategy), the cardinality estimates and membership scores of the attack rounds."""
+    from fedmem.attacks.support import cardinality_from_count
+
+    m, n_attack = f.shards, plan.n_attack
+    attack_rounds = plan.rounds[:n_attack]
     for key, recs in ((k, r["records"]) for k, r in runs.items()):
         gw = runs[key]["gateway"]
         booked = gw["epsilon_per_round"] if gw else 0.0
@@ -388,36 +242,60 @@ def run(cfg, ctx) -> Result:
                     est.append(card)
                 else:
                     (pos if r["world"] == 1 else neg).append(score)
-            add_row(engine, obs_label, est, pos, neg, booked,
-                    defended if who != "server" else gw is not None,
-                    sampling=sampling if who == "agent" else None,
-                    extra={"answered": answered if who != "server" else None})
+            table.add(engine, obs_label, est, pos, neg, booked,
+                      defended if who != "server" else gw is not None,
+                      sampling=sampling if who == "agent" else None,
+                      extra={"answered": answered if who != "server" else None})
 
-    if ray_out is not None:
-        from fedmem.experiments.flower_ray_engine import column_config, config_summary
 
-        for variant in ("undefended", "defended"):
-            x = ray_out[variant]
-            config = column_config(f, cfg.ray_engine, variant)
-            booked = float(max(x["booked"])) if x["booked"] else 0.0
-            metrics.setdefault("ray_engine_configs", {})[variant] = config_summary(config)
-            label = ("Ray engine, undefended (exact receipts, gateway off)" if variant == "undefended" else
-                     f"Ray engine, defended (noised receipts sigma {cfg.ray_engine.receipt_sigma:g}, gateway on)")
-            add_row(label, "querying agent: Response (value, receipts)",
-                    x["estimates"], x["pos"], x["neg"], booked, variant == "defended",
-                    extra={"truth_mismatches_vs_flower": int(sum(t1 != t2 for t1, t2 in zip(x["truths"], truths))),
-                           "refused": x["refused"], "wall_s": x["wall_s"]})
+def _ray_engine_rows(ray_out: dict, cfg, truths, metrics: dict, table: _VerdictRows) -> None:
+    """Step 5: the Ray engine column's rows (undefended, defended): the querying agent's view."""
+    from fedmem.experiments.flower_ray_engine import column_config, config_summary
 
-    # ---- faults
-    fault_rows, faults = [], {}
+    f = cfg.federation
+    for variant in ("undefended", "defended"):
+        x = ray_out[variant]
+        config = column_config(f, cfg.ray_engine, variant)
+        booked = float(max(x["booked"])) if x["booked"] else 0.0
+        metrics.setdefault("ray_engine_configs", {})[variant] = config_summary(config)
+        label = ("Ray engine, undefended (exact receipts, gateway off)" if variant == "undefended" else
+                 f"Ray engine, defended (noised receipts sigma {cfg.ray_engine.receipt_sigma:g}, gateway on)")
+        table.add(label, "querying agent: Response (value, receipts)",
+                  x["estimates"], x["pos"], x["neg"], booked, variant == "defended",
+                  extra={"truth_mismatches_vs_flower": int(sum(t1 != t2 for t1, t2 in zip(x["truths"], truths))),
+                         "refused": x["refused"], "wall_s": x["wall_s"]})
+
+
+def _fault_report(runs: dict, kind_of: dict, f, alpha) -> tuple[list, dict]:
+    """Step 6: the fault rows per deployment, with the gateway ledgers checked."""
+    rows, faults = [], {}
     for key, out in runs.items():
         flower_dp = key in ("stock", "gateway-flower")
         label = "Flower, stock" if key == "stock" else f"Flower + fedmem gateway (dp={key.split('-', 1)[1]!r})"
-        r_, d_ = _fault_rows(label, out, kind_of, f, a.alpha, flower_dp)
-        fault_rows += r_
+        r_, d_ = fault_rows(label, out, kind_of, f, alpha, flower_dp)
+        rows += r_
         faults[key] = d_
         if out["gateway"]:
-            faults[key]["ledger"] = _ledger_check(out, f.delta)
+            faults[key]["ledger"] = ledger_check(out, f.delta)
+    return rows, faults
+
+
+def run(cfg, ctx) -> Result:
+    f, a = cfg.federation, cfg.attack
+    plan = _plan(cfg, ctx)
+    n_attack = plan.n_attack
+    metrics: dict = {"wall_s": {}}
+    ray_out = _run_ray_column(cfg, ctx, plan, metrics) if cfg.ray_engine.enabled else None
+    runs = _simulate_deployments(cfg, ctx, plan, metrics)
+
+    m = f.shards
+    eps_flower_claim = eps_of(f.flower_sigma, f.delta)
+    table = _VerdictRows(f, a, plan.truths, ctx.rng("audit"), metrics)
+    _flower_observer_rows(runs, plan, f, table)
+    if ray_out is not None:
+        _ray_engine_rows(ray_out, cfg, plan.truths, metrics, table)
+
+    fault_rows_, faults = _fault_report(runs, plan.kind_of, f, a.alpha)
     metrics["faults"] = faults
     metrics["epsilon_per_round_booked"] = {k: r["gateway"]["epsilon_per_round"] for k, r in runs.items()
                                            if r["gateway"]}
@@ -426,15 +304,15 @@ def run(cfg, ctx) -> Result:
                                         for d in ("admitted", "refused", "fault")}
                                     for k, r in runs.items() if r["gateway"]}
     metrics["gateway_spent_eps"] = {k: r["gateway"]["spent"] for k, r in runs.items() if r["gateway"]}
-    overall = worst([v for v, d in zip(verdicts, defended_rows) if not d])
+    overall = table.worst(defended=False)
     metrics["verdict_undefended"] = overall
-    metrics["verdict_defended"] = worst([v for v, d in zip(verdicts, defended_rows) if d])
+    metrics["verdict_defended"] = table.worst(defended=True)
     ledgers = {k: v.get("ledger", {}).get("consistent") for k, v in faults.items() if "ledger" in v}
     tables = [
         Table("Stock Flower vs Flower + fedmem gateway vs the Ray engine (same shards, queries and candidate)",
               ["engine / deployment", "observer", "shards within +-tol [95% CI]", "chance (best constant)",
                "differencing AUC [95% CI]", "TPR@1%FPR", "empirical eps (CP lower)", "booked eps / round",
-               "verdict"], rows,
+               "verdict"], table.rows,
               note=f"{n_attack} attack rounds per deployment ({a.queries} reconstruction queries, {a.targets} "
                    f"candidate(s) x {a.repeats} rounds per world), {m} shards. Flower: one query per round, "
                    f"SecAgg+ for the value, run_simulation (Ray backend). Ray engine: Federation with threshold "
@@ -448,7 +326,7 @@ def run(cfg, ctx) -> Result:
         Table("Faults: a ClientApp fails or drops out mid-round (after the attack rounds)",
               ["deployment", "fault", "rounds", "replies / sampled", "failures reported", "aggregates released",
                "noise std on the mean: added [95% CI] vs calibration", "epsilon", "Flower / gateway"],
-              fault_rows,
+              fault_rows_,
               note=f"fail: one ClientApp raises in fit (SecAgg+'s masked-vector stage: an error reply). dropout: "
                    f"{cfg.faults.dropout_clients} ClientApps reply {cfg.faults.stall_s:g} s after the round's "
                    f"deadline ({cfg.faults.deadline_s:g} s, SecAggPlusWorkflow timeout): no error reaches the "
@@ -456,7 +334,7 @@ def run(cfg, ctx) -> Result:
                    f"inner strategy's aggregate (both recorded), pooled over coordinates and rounds, chi-square CI. "
                    f"Gateway ledgers equal the composition of admitted rounds (nothing lost): {ledgers}."),
     ]
-    sections = [("What each observer sees", _explain(f)), ("Faults, read", _explain_faults(faults, m))]
+    sections = [("What each observer sees", _explain(f)), ("Faults, read", explain_faults(faults, m))]
     metrics["verdict"] = metrics["verdict_defended"]
     return Result(metrics=metrics, tables=tables, sections=sections)
 
@@ -480,47 +358,11 @@ def _explain(f) -> str:
         "secret shares; nobody sees the exact sum.")
 
 
-def _explain_faults(faults, m) -> str:
-    lines = []
-    st = faults.get("stock", {})
-    if "fail" in st:
-        x = st["fail"]
-        lines.append(f"- Stock Flower, a ClientApp raises: the workflow reports {', '.join(map(str, x['failures']))} "
-                     f"failure(s) per round for one "
-                     f"client (SecAgg+ appends a masked-vector-stage error twice) and Flower's "
-                     f"DifferentialPrivacyClientSideFixedClipping returns no aggregate when there are failures: "
-                     f"{x['released']}/{len(x['rounds'])} released.")
-    if "dropout" in st:
-        x = st["dropout"]
-        s = (f"- Stock Flower, silent dropout: {', '.join(map(str, x['replies']))} replies of {m}, no failure, and "
-             f"Flower's DP wrapper "
-             f"aggregates what came: {x['released']}/{len(x['rounds'])} released, with "
-             f"{x['flower_reply_count_warnings']} reply-count warning(s) in the log.")
-        if "noise_std_measured" in x:
-            s += (f" The noise it added has std {x['noise_std_measured']:.4f} (95% CI {x['noise_std_ci'][0]:.4f}.."
-                  f"{x['noise_std_ci'][1]:.4f}, {x['samples']} samples), i.e. calibrated to num_sampled_clients "
-                  f"({x['noise_std_calibrated']:.4f}), while the mean over {min(x['replies_released'])} replies needs "
-                  f"{x['noise_std_needed']:.4f} for the claimed epsilon: delivered {x['eps_delivered']:.2f} vs "
-                  f"claimed {x['eps_claimed']:.2f} per round. Flower only warns; there is no strict mode.")
-        lines.append(s)
-    for k, v in faults.items():
-        if k == "stock":
-            continue
-        led = v.get("ledger", {})
-        rel = sum(v[x]["released"] for x in ("fail", "dropout") if x in v)
-        bk = sum(v[x]["bookings"] for x in ("fail", "dropout") if x in v)
-        dec = sorted({d for x in ("fail", "dropout") if x in v for d in v[x]["gateway_decisions"]})
-        lines.append(f"- {k}: fault rounds released {rel}, booked {bk} ({', '.join(dec)}); ledger: "
-                     f"{led.get('admitted')} admitted rounds, {led.get('bookings')} bookings, principal spent "
-                     f"{led.get('principal_spent', float('nan')):.2f} = composition of the admitted rounds "
-                     f"{led.get('expected', float('nan')):.2f}: {'consistent' if led.get('consistent') else 'MISMATCH'}.")
-    return "\n".join(lines) if lines else "No fault rounds."
-
 
 EXPERIMENTS = {
     "flower.support_leak": Experiment(
         "flower.support_leak",
         "papers/003 support attacks on Flower (SecAgg+, DP wrapper): stock vs fedmem's gateway strategy vs the "
         "Ray engine, plus faults.",
-        SCHEMA, run, _cross),
+        SCHEMA, run, cross_checks),
 }

@@ -28,20 +28,26 @@ The report has tables (attack metrics with one verdict each and an overall verdi
 reconstruction, gateway and accounting, refusals by reason, utility, spreading,
 retries) and plots (reconstructed vs true cardinality, membership ROC with the DP
 ceiling of the booked epsilon, booked vs empirical epsilon).
+
+The code: this module (scenario keys, checks, the run and its phases),
+:mod:`fedmem.experiments.support_leak_games` (the attack games against a running federation),
+:mod:`fedmem.experiments.support_leak_report` (verdicts, tables, ``queries.csv``, the reading)
+and :mod:`fedmem.experiments.support_leak_plots` (the plots).
 """
 
 
 from __future__ import annotations
 
-import math
-from collections import Counter
+import time
 
 import numpy as np
 
 from fedmem.attacks.federation_games import ATTACKS, GAME_ATTACKS, is_broadcast
 from fedmem.experiments.support_leak_games import (QueryRecord, run_games, run_reconstruction, run_retries,
                                                  run_spreading)
-from fedmem.experiments.support_leak_plots import _plot_eps, _plot_reconstruction, _plot_roc
+from fedmem.experiments.support_leak_plots import _plot_eps, _plot_roc
+from fedmem.experiments.support_leak_report import (GAME_LABELS, explain, game_row, overall_verdict,
+                                                    reconstruction_tables, variant_label, write_queries)
 from fedmem.federation import services
 from fedmem.federation.config import FederationConfig
 from fedmem.attacks.verdict import sampler_label
@@ -142,7 +148,7 @@ def make_data(cfg, rng):
 
 
 def run(cfg, ctx) -> Result:
-    from fedmem.dp import Accountant, DurableStore
+    from fedmem.dp import Accountant, DurableStore   # here: fedmem.dp costs ~1 s of start-up (-X importtime)
 
     f, a = cfg.federation, cfg.attack
     store = DurableStore(ctx.out_dir / "ledger.sqlite")
@@ -151,7 +157,7 @@ def run(cfg, ctx) -> Result:
         return Accountant(a.accountant, store=store, name=name)
 
     data = make_data(cfg, ctx.rng("data"))
-    metrics: dict = {"variant": _variant(f), "budgets": {k: f[k] for k in (
+    metrics: dict = {"variant": variant_label(f), "budgets": {k: f[k] for k in (
         "epsilon_budget", "total_epsilon_budget", "support_budget_bits", "total_support_budget_bits")}}
     tables: list[Table] = []
     sections: list[tuple[str, str]] = []
@@ -163,7 +169,7 @@ def run(cfg, ctx) -> Result:
         _run_attacks(cfg, ctx, data, svc.parties, world_accountant, metrics, tables, attack_rows, eps_rows, mrng)
     finally:
         svc.close()
-    overall = _overall([r[-1] for r in attack_rows])
+    overall = overall_verdict([r[-1] for r in attack_rows])
     metrics["verdict"] = overall
     sampler = sampler_label(f.sampling)
     if sampler:
@@ -183,60 +189,12 @@ def run(cfg, ctx) -> Result:
                                 "worlds' (0 if it saw only refusals)."))
     if eps_rows:
         _plot_eps(ctx, eps_rows)
-    sections.append(("How to read this", _explain(cfg, metrics)))
+    sections.append(("How to read this", explain(cfg, metrics)))
     return Result(metrics=metrics, tables=tables, sections=sections)
 
 
-def _overall(verdicts) -> str:
-    """The report's overall label: LEAK if any row leaks (or exceeds a total budget), else no leak
-    seen if any row lacked the power to see one, else within booked."""
-    from fedmem.attacks.verdict import worst
-
-    labels = ["LEAK" if str(v).startswith(("LEAK", "EXCEEDS")) else v for v in verdicts]
-    return worst([x for x in labels if str(x).startswith(("LEAK", "within", "no leak"))])
-
-
-def _game_row(name, label, game, f, a, mrng, metrics, attack_rows, eps_rows, roc):
-    from fedmem.attacks.federation_games import booked_per_world
-    from fedmem.attacks.support import membership_report
-    from fedmem.attacks.verdict import judge
-
-    g = game[name]
-    if len(g["pos"]) < 4 or len(g["neg"]) < 4:
-        return
-    booked_pos, booked_neg, booked = booked_per_world(g)
-    delta = f.delta if booked > 0 else 0.0
-    rep = membership_report(g["pos"], g["neg"], delta=f.delta, rng=mrng,
-                            epsilon_claim=booked if math.isfinite(booked) else math.inf, alpha=a.alpha)
-    v = judge(g["pos"], g["neg"], booked, delta, alpha=a.alpha, rng=mrng)
-    d = rep.as_dict()
-    # the verdict's numbers are the ones reported (one rule: fedmem.attacks.verdict.judge)
-    d.update(eps_lower=v.eps_lower, eps_booked=booked, eps_booked_with=booked_pos, eps_booked_without=booked_neg,
-             power=v.power, ceiling_crossed=v.ceiling_crossed, label=v.label, verdict=v.text)
-    metrics.setdefault("attacks", {})[name] = d
-    metrics[name] = d
-    roc[name] = (g["pos"], g["neg"])
-    attack_rows.append([label, rep.success_rate, f"{rep.n_pos}/{rep.n_neg}", rep.auc,
-                        f"[{rep.auc_ci[0]:.3f}, {rep.auc_ci[1]:.3f}]", rep.tpr_at_1, v.eps_lower, booked, v.power,
-                        v.text])
-    eps_rows.append([name, booked, v.eps_lower, int(v.ceiling_crossed), v.text])
-
-
-GAME_LABELS = {
-    "differencing": "(b) differencing (receipts)",
-    "noise_scale": "(c) noise scale / value",
-    "refusal_content": "refusal content & answer kind",
-    "admission_oracle": "admission oracle (boundary query)",
-    "timing": "timing",
-    "retry_averaging": "silent-retry averaging",
-    "near_duplicate": "near-duplicate averaging",
-    "float_bits": "float low bits (reachability)",
-}
-
 
 def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, attack_rows, eps_rows, mrng):
-    import time
-
     f, a = cfg.federation, cfg.attack
     phases = metrics.setdefault("phase_seconds", {})
     records: list[QueryRecord] = []
@@ -250,14 +208,14 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
             records = run_reconstruction(cfg, ctx, data, fed, acc)
         finally:
             fed.close()
-        metrics.update(_reconstruction_tables(records, cfg, tables, attack_rows, ctx))
+        metrics.update(reconstruction_tables(records, cfg, tables, attack_rows, ctx))
         costs = [(r.mpc_rounds, r.mpc_bytes, r.mpc_batch) for r in getattr(fed, "audit", [])
                  if getattr(r, "mpc_rounds", None) is not None]
         if costs:   # public MPC cost (shapes only), into results.json
             metrics["mpc"] = {"queries": len(costs), "rounds_per_query": sorted({c[0] for c in costs}),
                               "bytes_per_query_median": float(np.median([c[1] / c[2] for c in costs])),
                               "bytes_per_query_max": float(max(c[1] / c[2] for c in costs))}
-        _write_queries(ctx, records)
+        write_queries(ctx, records)
         phases["reconstruction"] = round(time.perf_counter() - t0, 2)
         ctx.phase_done("reconstruction", *keep)
 
@@ -272,7 +230,7 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
         roc = {}
         for name in GAME_ATTACKS:
             if name in game:      # the attacks asked for, plus float_bits wherever values are read
-                _game_row(name, GAME_LABELS[name], game, f, a, mrng, metrics, attack_rows, eps_rows, roc)
+                game_row(name, GAME_LABELS[name], game, f, a, mrng, metrics, attack_rows, eps_rows, roc)
         if game["n_target"]:
             n_small = int(np.min(game["n_target"]))
             if f.calibration == "global" and not is_broadcast(f) and f.selection == "threshold":
@@ -321,146 +279,6 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
         ctx.phase_done("retries", *keep)
     ctx.log("phase wall seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
 
-
-def _variant(f) -> str:
-    parts = [f"selection={f.selection}", f"receipts={f.receipts}", f"calibration={f.calibration}",
-             f"gateway={'on' if f.gateway else 'off'}"]
-    return ", ".join(parts)
-
-
-def _reconstruction_tables(records, cfg, tables, attack_rows, ctx) -> dict:
-    from fedmem.attacks.support import reconstruction_report
-
-    f, a = cfg.federation, cfg.attack
-    est = [r.estimate for r in records]
-    tru = [r.true_n for r in records]
-    rep = reconstruction_report(est, tru, a.tolerance, a.alpha)
-    crep = reconstruction_report([r.count_est for r in records], [r.count_true for r in records], a.tolerance,
-                                 a.alpha, rel_tolerance=0.1)
-    released = [r for r in records if r.released]
-    rejected = [r for r in records if not r.released]
-    rerun = [r for r in released if r.reasons]
-    leaky_fwd = [r for r in released if r.leaky]
-    # every emitted channel covered: its DP events booked, and no exact (unbookable) support channel
-    unbooked = [r for r in released if r.uncovered]
-    mses = [r.mse for r in released if math.isfinite(r.mse)]
-    channel_use = Counter(r.channel_used for r in records)
-    reasons = Counter(reason for r in records for reason in r.reasons if not reason.startswith("("))
-    rverdict = ("LEAK (exact support channel, unbooked)" if unbooked else "within booked (at chance)"
-                if rep.at_chance else "within booked (beats chance through booked channels)")
-    attack_rows.append(["(a) cardinality reconstruction", rep.rate, f"{rep.queries} queries", "-", "-", "-", "-",
-                        records[-1].eps_after if records else 0.0, "-", rverdict])
-    attacks_out = {"reconstruction": {"rate": rep.rate, "ci": list(rep.ci), "chance_rate": rep.chance_rate,
-                                      "queries": rep.queries, "uncovered_answers": len(unbooked),
-                                      "verdict": rverdict}}
-    ctru = [r.count_true for r in records]
-    tables.append(Table("(a) Cardinality reconstruction over the adaptive queries",
-                        ["target", "queries", "hits", "rate", "95% CI", "chance rate (best constant)",
-                         "chance CI", "MAE (released)", "channel used", "true range"],
-                        [[f"contributing shards (within +-{a.tolerance})", rep.queries, rep.within, rep.rate,
-                          f"[{rep.ci[0]:.3f}, {rep.ci[1]:.3f}]", rep.chance_rate,
-                          f"[{rep.chance_ci[0]:.3f}, {rep.chance_ci[1]:.3f}]", rep.mae,
-                          ", ".join(f"{k}: {v}" for k, v in channel_use.items()),
-                          f"{min(tru)}..{max(tru)}" if tru else "-"],
-                         [f"selected records n (within max({a.tolerance}, 10%))", crep.queries, crep.within,
-                          crep.rate, f"[{crep.ci[0]:.3f}, {crep.ci[1]:.3f}]", crep.chance_rate,
-                          f"[{crep.chance_ci[0]:.3f}, {crep.chance_ci[1]:.3f}]", crep.mae,
-                          "receipt sum / count / noise scale", f"{min(ctru)}..{max(ctru)}" if ctru else "-"]],
-                        note="Contributing shards: papers/003's cardinality. Selected records: the n that the "
-                             "value noise is calibrated for. Rejected queries count as misses. Chance = the best "
-                             "constant guess chosen with hindsight of the true sizes (conservative)."))
-    tables.append(Table("Gateway and accounting over the adaptive queries",
-                        ["queries", "forwarded", "rejected", "forwarded support-leaky",
-                         "forwarded with an uncovered channel", "bookings (this run)",
-                         "booked eps (ledger total across resumes, at delta)"],
-                        [[len(records), len(released), len(rejected), len(leaky_fwd), len(unbooked),
-                          sum(r.bookings for r in records), records[-1].eps_after if records else 0.0]],
-                        note="Support-leaky: exact data-dependent receipts or count (also as the exact "
-                             "denominator of the mean), or global calibration with a realized n below n_bound "
-                             "(papers/003 Conditions of Validity), judged from the ground truth. "
-                             "Uncovered: a leaky channel, or fewer DP events booked than DP channels emitted."))
-    if reasons:
-        tables.append(Table("Refusals by reason (operator's audit log; the agent sees one uniform refusal)",
-                            ["reason", "queries"], sorted(reasons.items()),
-                            note=(f"{len(rerun)} queries were answered by the support-safe broadcast instead "
-                                  "(on_reject='rerun_broadcast')." if rerun else "A query can fail several checks.")))
-    tables.append(Table("Utility", ["variant", "released queries", "MSE of released mean vs exact mean",
-                                    "median MSE"],
-                        [[_variant(f), len(mses), float(np.mean(mses)) if mses else float("nan"),
-                          float(np.median(mses)) if mses else float("nan")]],
-                        note="Exact mean: of the records the selection picked; under broadcast, of the relevant "
-                             "records (local top-k' with cosine >= threshold), since the broadcast mean also "
-                             "averages irrelevant records and zero dummies."))
-    _plot_reconstruction(ctx, records, a.tolerance)
-    return {
-        "attacks": attacks_out,
-        "reconstruction": rep.as_dict(),
-        "count_reconstruction": crep.as_dict(),
-        "queries": len(records), "forwarded": len(released), "rejected": len(rejected),
-        "forwarded_leaky": len(leaky_fwd), "forwarded_unbooked": len(unbooked),
-        "rejections_by_reason": dict(reasons),
-        "rerun_broadcast_admitted": len(rerun),
-        "bookings_of_rejected": sum(r.bookings for r in rejected),
-        "utility_mse": float(np.mean(mses)) if mses else float("nan"),
-        "epsilon_spent_total": records[-1].eps_after if records else 0.0,
-        "true_n_range": [int(min(tru)), int(max(tru))] if tru else None,
-    }
-
-
-def _write_queries(ctx, records) -> None:
-    """Per-query log of the adaptive stream (``queries.csv`` in the run folder)."""
-    import csv
-
-    cols = ["index", "family", "retry_of", "released", "reasons", "channels", "estimate", "channel_used", "true_n",
-            "count_est", "count_true", "mse", "leaky", "bookings", "booked_events", "uncovered", "eps_after"]
-    with open(ctx.out_dir / "queries.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(cols)
-        for r in records:
-            w.writerow([";".join(v) if isinstance(v, tuple) else v for v in (getattr(r, c) for c in cols)])
-
-
-def _explain(cfg, m) -> str:
-    f = cfg.federation
-    lines = [f"Variant: {m['variant']}. Overall verdict: **{m.get('verdict', '?')}**."]
-    b = m.get("budgets", {})
-    off = [k for k, v in b.items() if not math.isfinite(v)]
-    lines.append("- Budgets: " + ", ".join(f"{k} = {v:g}" for k, v in b.items())
-                 + (f" (disabled: {', '.join(off)})" if off else "") + ". The membership games lift them "
-                 "(budget refusals are decided from public state; lifting them can only help the adversary).")
-    if "reconstruction" in m:
-        r = m["reconstruction"]
-        lines.append(f"- Cardinality reconstruction: {r['within']}/{r['queries']} queries within "
-                     f"+-{cfg.attack.tolerance} shards ({r['rate']:.0%}; best constant guess {r['chance_rate']:.0%}). "
-                     "papers/003 saw 94%.")
-        lines.append(f"- Forwarded {m['forwarded']}, refused {m['rejected']}; support-leaky responses forwarded: "
-                     f"{m['forwarded_leaky']}; forwarded with a channel the accountant does not cover: "
-                     f"{m['forwarded_unbooked']}.")
-    for name, x in m.get("attacks", {}).items():
-        if name == "reconstruction":
-            continue      # described above
-        if "auc" in x:
-            lines.append(f"- {name}: AUC {x['auc']:.3f} (CI {x['auc_ci'][0]:.3f}..{x['auc_ci'][1]:.3f}, "
-                         f"n = {x['n_pos']}/{x['n_neg']}), empirical eps >= {x['eps_lower']:.2f} vs booked "
-                         f"{x['eps_booked']:.2f} for what it saw: {x['verdict']}.")
-        else:
-            lines.append(f"- {name}: {x['answered']}/{x['queries']} answered over {x['principals']} principals, "
-                         f"support bits seen {x['support_bits_seen']:.3g} (total budget "
-                         f"{x['total_support_budget_bits']:g}): {x['verdict']}.")
-    if f.calibration == "global" and f.selection == "threshold":
-        lines.append("- Global calibration books the epsilon of sigma for n_bound contributors; with fewer real "
-                     "contributors one record moves the mean by more, so the true epsilon is larger "
-                     f"(smallest target n gives eps ~ {m.get('effective_epsilon_smallest_n', float('nan')):.3g}).")
-    lines.append("- A Clopper-Pearson bound from T trials per world (half held out) cannot exceed about "
-                 "ln(T/7) (each row's power): a bound below the booked epsilon is not a proof of privacy, one "
-                 "above it is a proof of a leak (at 95% confidence); so is perfect separation of both worlds "
-                 "when its probability under the booked (eps, delta) is below 5% (the DP-ceiling test), which "
-                 "is how an exact channel reads LEAK whatever T. A row whose power is below the booking says "
-                 "\"no leak seen\", not \"within booked\".")
-    if m.get("sampler"):
-        lines.append(f"- Noise sampler: **{m['sampler']}** (sampling = \"fast\"): the low-order bits of every "
-                     "released float identify the input (float low bits row); no booked epsilon holds.")
-    return "\n".join(lines)
 
 
 EXPERIMENTS = {
