@@ -1,15 +1,14 @@
-"""Synthetic clustered shards (fedmem.bench.shards) and the shard hosts' local step."""
+"""Synthetic clustered shards (fedmem.bench.shards), and shards generated at the hosts from a recipe.
+
+The shard hosts' local step is tested in tests/federation/test_shard_host.py."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from fedmem.bench.shards import make_clustered_shards, sample_queries, with_record, without_record
-from fedmem.federation.shard_host import PAD_SCORE, local_candidates, split_shards, stack_shards
+from fedmem.federation.shard_host import split_shards
 
 
 @pytest.fixture(scope="module")
@@ -75,38 +74,6 @@ def test_query_kinds_are_unit(data):
         q = sample_queries(data, 20, np.random.default_rng(3), kind=kind)
         assert q.shape == (20, 32)
         np.testing.assert_allclose(np.linalg.norm(q, axis=1), 1.0, atol=1e-12)
-
-
-# ----------------------------------------------------------------- shard host local step
-def test_local_topk_padding_tiebreak_and_clip():
-    keys = [np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]), np.array([[0.6, 0.8]])]
-    values = [np.array([[3.0, 0.0], [0.0, 0.5], [0.1, 0.1]]), np.array([[0.2, 0.2]])]
-    K, Vv, M = stack_shards(keys, values)
-    q = np.array([[1.0, 0.0]])
-    s, v, ok = local_candidates(q, K, Vv, M, k_local=2, clip=1.0, mode="topk")
-    assert s.shape == (1, 2, 2) and v.shape == (1, 2, 2, 2)
-    # shard 0: exact tie between records 0 and 1 -> lower index first; value of record 0 clipped to norm 1
-    np.testing.assert_allclose(s[0, 0], [1.0, 1.0])
-    np.testing.assert_allclose(v[0, 0, 0], [1.0, 0.0])
-    np.testing.assert_allclose(v[0, 0, 1], [0.0, 0.5])
-    # shard 1 has one record: padded to k'=2 with an invalid zero row at PAD_SCORE
-    assert ok[0, 1].tolist() == [1, 0] and s[0, 1, 1] == PAD_SCORE and not v[0, 1, 1].any()
-    _, vb, okb = local_candidates(q, K, Vv, M, k_local=2, clip=1.0, mode="broadcast")
-    assert okb.all()  # broadcast: the padding row becomes a zero-value dummy flagged valid
-    assert not vb[0, 1, 1].any()
-
-
-def test_split_shards():
-    parts = split_shards(10, 3)
-    assert [len(p) for p in parts] == [4, 3, 3] and np.array_equal(np.concatenate(parts), np.arange(10))
-    with pytest.raises(ValueError, match="hosts must be <= shards"):
-        split_shards(2, 3)
-
-
-def test_shard_host_module_does_not_import_torch():
-    code = ("import sys, fedmem.federation.shard_host, fedmem.bench.shards, fedmem.federation; "
-            "assert 'torch' not in sys.modules and 'crypten' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 # ----------------------------------------------------------------------------- data generated at the hosts

@@ -1,0 +1,97 @@
+"""The plaintext reference parties (fedmem.federation.mpc.reference): selection semantics, tie
+break, malformed and tampered packets.
+
+Moved from tests/test_mpc.py (the MPC layer's tests, split along module lines).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedmem.errors import MpcFailure
+from fedmem.federation.mpc import PlaintextParties, plaintext_mask
+from fedmem.federation.sharing import SelectionSpec, reconstruct, share_candidates
+from tests.federation.mpc.helpers import assert_same, brute_force, make_candidates
+
+
+# ----------------------------------------------------------------------------- plaintext reference
+
+def test_tie_break_is_lower_shard_id_then_lower_candidate_index():
+    rng = np.random.default_rng(7)
+    # Shard ids 5 and 2 (on different hosts), 2 candidates each, all scores tied at 0.5;
+    # one invalid row with a huge score must never be selected.
+    sc = np.array([[[0.5, 0.5]], [[0.5, 9.0]]])  # host A: shard 5, host B: shard 2
+    ok = np.array([[[1, 1]], [[1, 0]]])
+    vals = np.array([[[[1.0], [2.0]]], [[[4.0], [0.0]]]])
+    hA = share_candidates(sc[0], vals[0], ok[0], np.array([5]), 2, rng)
+    hB = share_candidates(sc[1], vals[1], ok[1], np.array([2]), 2, rng)
+    packets = [[hA[p], hB[p]] for p in range(2)]
+    r = PlaintextParties(2).run(packets, SelectionSpec("topk", k=2))
+    # order: (shard 2, c0)=4.0 first, then (shard 5, c0)=1.0; (shard 5, c1) loses the tie.
+    np.testing.assert_array_equal(r.shard_ids, [2, 5])
+    np.testing.assert_array_equal(r.tallies, [[1, 1]])
+    np.testing.assert_allclose(r.sum, [[5.0]])
+    assert r.count.tolist() == [2]
+    # fewer valid than k: all valid ones, never a padding row
+    r = PlaintextParties(2).run(packets, SelectionSpec("topk", k=10))
+    assert r.count.tolist() == [3] and r.tallies.tolist() == [[1, 2]]
+
+
+@pytest.mark.parametrize("spec", [SelectionSpec("topk", k=5), SelectionSpec("topk", k=1),
+                                  SelectionSpec("threshold", threshold=0.3), SelectionSpec("broadcast")])
+def test_plaintext_parties_match_brute_force(spec):
+    rng = np.random.default_rng(8)
+    packets, (sc, vals, ok, ids) = make_candidates(rng, B=4, S=9, m=4, d=3, n_parties=3)
+    r = PlaintextParties(3).run(packets, spec)
+    s, c, t = brute_force(sc, vals, ok, ids, spec)
+    np.testing.assert_array_equal(r.sum, s)
+    np.testing.assert_array_equal(r.count, c)
+    np.testing.assert_array_equal(r.tallies, t)
+    np.testing.assert_array_equal(r.shard_ids, np.sort(ids))
+
+
+def test_tie_data_is_sensitive_to_the_tie_break():
+    """The equality tests below can fail: on their data a reversed tie-break selects differently."""
+    rng = np.random.default_rng(9)
+    packets, (sc, vals, ok, ids) = make_candidates(rng, B=6, S=12, m=5, d=4)
+    from fedmem.federation.mpc import assemble
+
+    scores = reconstruct([assemble(p)[0] for p in packets])
+    valid = reconstruct([assemble(p)[2] for p in packets])
+    spec = SelectionSpec("topk", k=5)
+    good = plaintext_mask(scores, valid, spec)
+    flipped = plaintext_mask(scores[:, ::-1], valid[:, ::-1], spec)[:, ::-1]  # higher index wins ties
+    assert np.any(good != flipped)
+
+
+def test_run_rejects_malformed_packets():
+    rng = np.random.default_rng(10)
+    packets, _ = make_candidates(rng, B=1, S=4, m=2, d=2)
+    pp = PlaintextParties(2)
+    with pytest.raises(ValueError, match="one entry per party"):
+        pp.run(packets[:1], SelectionSpec("topk"))
+    with pytest.raises(ValueError, match="same number of host packets"):
+        pp.run([packets[0], packets[1][:1]], SelectionSpec("topk"))
+    with pytest.raises(TypeError, match="spec must be a SelectionSpec"):
+        pp.run(packets, "topk")
+
+
+def test_plaintext_reference_refuses_tampered_or_unsealed_packets():
+    from fedmem.federation.sharing import new_run_id, seal_packet
+
+    rng = np.random.default_rng(92)
+    packets, _ = make_candidates(rng, 2, 6, 3, 4, n_hosts=2)
+    spec = SelectionSpec("topk", k=3)
+    pp = PlaintextParties(2)
+    rid = new_run_id()
+    sealed = [[seal_packet(x, pp.public_keys[p], rid, p) for x in packets[p]] for p in range(2)]
+    assert_same(pp.run(sealed, spec, run_id=rid), pp.run(packets, spec))
+    with pytest.raises(MpcFailure, match="refused"):
+        pp.run(sealed, spec, run_id=new_run_id())                   # replayed into another run
+    with pytest.raises(MpcFailure, match="refused"):
+        pp.run([sealed[1], sealed[0]], spec, run_id=rid)            # swapped between parties
+    with pytest.raises(MpcFailure, match="refused"):
+        pp.run(packets, spec, run_id=rid)                           # unsealed where sealing is expected
+    with pytest.raises(MpcFailure, match="need the run id"):
+        pp.run(sealed, spec)

@@ -1,0 +1,161 @@
+"""Fixed-point encoding, additive sharing and sealed share packets (fedmem.federation.sharing).
+
+Moved from tests/test_mpc.py (the MPC layer's tests, split along module lines).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedmem.federation.sharing import (
+    FRAC_BITS, SelectionSpec, SharePacket, decode, encode, reconstruct, share, share_candidates,
+)
+from tests.federation.mpc.helpers import byte_uniformity_pvalue, make_candidates
+
+
+# ----------------------------------------------------------------------------- encoding and sharing
+
+def test_encode_decode_roundtrip_and_ring_wrap():
+    x = np.array([0.0, 1.0, -1.0, 0.5, -3.25, 1e6, -1e6, 2.0**-16, 1 / 3])
+    assert encode(x).dtype == np.int64
+    np.testing.assert_array_equal(encode(x[:8]), np.rint(x[:8] * 2**FRAC_BITS).astype(np.int64))
+    assert np.max(np.abs(decode(encode(x)) - x)) <= 2.0**-17
+    # The ring wraps: shares of a negative number sum (mod 2^64) back to it.
+    rng = np.random.default_rng(1)
+    v = encode(np.array([-7.5, 3.0]))
+    np.testing.assert_array_equal(reconstruct(share(v, 3, rng)), v)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 2.0**48])
+def test_encode_rejects_unencodable(bad):
+    with pytest.raises(ValueError, match="x must"):
+        encode(np.array([0.0, bad]))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_share_reconstructs_extremes(n):
+    rng = np.random.default_rng(2)
+    i64 = np.iinfo(np.int64)
+    x = np.array([0, 1, -1, i64.max, i64.min, 123456789], dtype=np.int64)
+    sh = share(x, n, rng)
+    assert len(sh) == n and all(s.dtype == np.int64 for s in sh)
+    np.testing.assert_array_equal(reconstruct(sh), x)
+
+
+def test_single_party_shares_look_uniform_whatever_the_secret():
+    """Any n-1 shares are uniform on Z_2^64: chi-square per byte, for two very different secrets."""
+    rng = np.random.default_rng(3)
+    for secret in (0, encode(np.array([0.731]))[0]):
+        x = np.full(20000, secret, dtype=np.int64)
+        for p, s in enumerate(share(x, 3, rng)):
+            assert byte_uniformity_pvalue(s) > 1e-4, (secret, p)
+
+
+def test_uniformity_check_catches_weak_masks():
+    """Companion: shares masked with 32-bit randomness (a plausible bug) are caught."""
+    rng = np.random.default_rng(4)
+    x = np.zeros(20000, dtype=np.int64)
+    weak = rng.integers(0, 2**32, size=x.shape, dtype=np.int64)
+    assert byte_uniformity_pvalue(weak) < 1e-10
+    assert byte_uniformity_pvalue(x - weak) < 1e-10
+
+
+# (Shard hosts are numpy-only: that importing the sharing layer and mpc pulls no torch/CrypTen is
+# checked in a fresh interpreter by tests/system/test_lazy_imports.py::test_fedmem_imports_no_heavy_module,
+# the one subprocess for all import checks.)
+
+
+def test_share_rejects_bad_input():
+    rng = np.random.default_rng(5)
+    with pytest.raises(ValueError, match="n_parties must be >= 2"):
+        share(np.zeros(3, dtype=np.int64), 1, rng)
+    with pytest.raises(TypeError, match="x_int must be an int64"):
+        share(np.zeros(3), 2, rng)
+    with pytest.raises(TypeError, match="rng must be"):
+        share(np.zeros(3, dtype=np.int64), 2, 7)
+
+
+def test_share_candidates_validates_and_packs():
+    rng = np.random.default_rng(6)
+    sc, vals, ok = rng.uniform(-1, 1, (4, 3)), rng.normal(size=(4, 3, 2)), np.ones((4, 3))
+    pk = share_candidates(sc, vals, ok, np.array([7, 2, 9, 4]), 2, rng)  # single query: batch axis added
+    assert len(pk) == 2 and pk[0].scores.shape == (1, 4, 3) and pk[0].values.shape == (1, 4, 3, 2)
+    np.testing.assert_array_equal(reconstruct([p.valid for p in pk]), np.ones((1, 4, 3), dtype=np.int64))
+    np.testing.assert_array_equal(reconstruct([p.scores for p in pk]), encode(sc[None]))
+    with pytest.raises(ValueError, match="valid must hold only 0/1"):
+        share_candidates(sc, vals, ok * 2, np.arange(4), 2, rng)
+    with pytest.raises(ValueError, match=r"scores must satisfy \|score\|"):
+        share_candidates(sc * 1e7, vals, ok, np.arange(4), 2, rng)
+    with pytest.raises(ValueError, match="values must have shape"):
+        share_candidates(sc, vals[:, :2], ok, np.arange(4), 2, rng)
+    with pytest.raises(ValueError, match="shard_ids must be"):
+        share_candidates(sc, vals, ok, np.arange(5), 2, rng)
+    with pytest.raises(ValueError, match="shard_ids must be distinct"):
+        SharePacket(pk[0].scores, pk[0].values, pk[0].valid, np.array([1, 1, 2, 3]))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"mode": "best"}, "mode must be one of"),
+    ({"mode": "topk", "k": 0}, "k must be >= 1"),
+    ({"mode": "threshold", "threshold": float("nan")}, "threshold must be finite"),
+    ({"mode": "topk", "reveal": frozenset({"sum", "ids"})}, "reveal must be a subset"),
+])
+def test_selection_spec_rejects_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SelectionSpec(**kwargs)
+    with pytest.raises(TypeError, match="reveal must be a set"):
+        SelectionSpec("topk", reveal="sum")
+
+
+# ----------------------------------------------------------------------------- sealed share packets (issue 19)
+
+def _sealed_fixture(rng, party=0):
+    from fedmem.federation.sharing import PartyKey, new_run_id, seal_packet
+
+    packets, _ = make_candidates(rng, 3, 6, 4, 5, n_hosts=1)
+    key, rid = PartyKey(), new_run_id()
+    return packets[party][0], key, rid, seal_packet(packets[party][0], key.public, rid, party)
+
+
+def test_sealed_packet_opens_only_for_its_party_run_and_shards():
+    """Round trip is exact; any other run, party, key, shard ids, shape, ephemeral key or byte is refused."""
+    import dataclasses
+    import pickle
+
+    from fedmem.federation.sharing import PartyKey, new_run_id
+
+    rng = np.random.default_rng(91)
+    pk, key, rid, sealed = _sealed_fixture(rng)
+    got = key.open(sealed, rid, 0)
+    for f in ("scores", "values", "valid", "shard_ids"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(pk, f))
+    body = b"".join(np.ascontiguousarray(a).tobytes() for a in (pk.scores, pk.values, pk.valid))
+    blob = pickle.dumps(sealed)
+    assert not any(body[i:i + 16] in blob for i in range(0, len(body) - 16, 16))   # no share bytes in the clear
+    ct = bytearray(sealed.ciphertext)
+    ct[len(ct) // 2] ^= 1
+    bad = {
+        "flipped ciphertext bit": (dataclasses.replace(sealed, ciphertext=bytes(ct)), rid, 0, key),
+        "other run (replay)": (dataclasses.replace(sealed, run_id=new_run_id()), None, 0, key),
+        "claims another run": (sealed, new_run_id(), 0, key),
+        "other party": (dataclasses.replace(sealed, party=1), rid, 1, key),
+        "other key": (sealed, rid, 0, PartyKey()),
+        "swapped shard ids": (dataclasses.replace(sealed, shard_ids=sealed.shard_ids[::-1].copy()), rid, 0, key),
+        "other shape": (dataclasses.replace(sealed, shape=(1, 18, 4, 5)), rid, 0, key),
+        "other ephemeral key": (dataclasses.replace(sealed, epk=PartyKey().public), rid, 0, key),
+        "plaintext packet": (pk, rid, 0, key),
+        "other aead claimed": (dataclasses.replace(sealed, aead="chacha20-poly1305"), rid, 0, key),
+    }
+    for what, (s, r, p, k) in bad.items():
+        with pytest.raises(ValueError, match="refused"):
+            k.open(s, s.run_id if r is None and hasattr(s, "run_id") else r, p)
+        assert what
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(key)
+    from fedmem.federation.sharing import seal_packet
+
+    cc = seal_packet(pk, key.public, rid, 0, aead="chacha20-poly1305")   # the AEAD without AES hardware
+    np.testing.assert_array_equal(key.open(cc, rid, 0).values, pk.values)
+    with pytest.raises(ValueError, match="refused"):
+        key.open(dataclasses.replace(cc, aead="aes-256-gcm"), rid, 0)
