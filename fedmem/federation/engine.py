@@ -166,12 +166,6 @@ class Federation(CapabilityService):
     fault_details = property(lambda self: self.engine.fault_details,
                              doc="Operator-only details of plan-mismatch faults.")
 
-    def _queries(self, qs):   # TEMPORARY: tests call it while tests/ is being moved; use engine.queries
-        return self.engine.queries(qs)
-
-    def _packets(self, *a, **kw):   # TEMPORARY: as above; use engine.packets
-        return self.engine.packets(*a, **kw)
-
     @property
     def hosts(self) -> list:
         """The live shard-host actors (exposed for fault-injection tests)."""

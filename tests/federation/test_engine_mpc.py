@@ -46,7 +46,7 @@ def test_engine_hands_parties_refs_owned_by_the_hosts(small_data, ray_local, cry
     q = sample_queries(small_data, 2, np.random.default_rng(32))
     with Federation(_engine_cfg(selection="topk", k=3), small_data, accountant=Accountant(),
                     rng=np.random.default_rng(33), parties=crypten_parties) as f:
-        packets = f._packets(f._queries(q), "topk")
+        packets = f.engine.packets(f.engine.queries(q), "topk")
         assert len(packets) == 2 and all(len(p) == 2 for p in packets)
         assert all(isinstance(x, ray_local.ObjectRef) for p in packets for x in p)
         got = crypten_parties.run(packets, SelectionSpec("topk", k=3))

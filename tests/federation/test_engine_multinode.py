@@ -89,8 +89,8 @@ def _scenario() -> dict:
             out["rendezvous_ip_is_rank0_node_ip"] = cp.rendezvous.startswith(f"tcp://{cp.nodes[0]['ip']}:")
 
             # -- bit-identical to the plaintext reference, on shares the driver never holds
-            qq = f._queries(q)
-            packets = f._packets(qq, "topk")
+            qq = f.engine.queries(q)
+            packets = f.engine.packets(qq, "topk")
             out["driver_holds_refs_only"] = all(isinstance(x, ray.ObjectRef) for p in packets for x in p)
             spec = f.policy.selection_spec()
             got = cp.run(packets, spec)
