@@ -39,17 +39,19 @@ DEFAULT_AGENT_CPUS = 0.01
 class BoundaryObserver:
     """The party on the other side of one boundary: records every message, then responds.
 
-    ``kind``: ``"app"`` (template responder on DP-MemView views) or ``"external"``
-    (``ExtractiveMemoryAgent``, the external model of the DP-MIND loop). ``received``
-    is exactly what crossed the boundary, per user, in arrival order.
+    ``kind``: ``"app"`` (template responder on DP-MemView views, with the benchmark's
+    ``template_book`` injected by the session) or ``"external"`` (``ExtractiveMemoryAgent``,
+    the external model of the DP-MIND loop). ``received`` is exactly what crossed the
+    boundary, per user, in arrival order.
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, template_book=None):
         if kind == "app":
             from fedmem.agent.llm import TemplateResponder
-            from fedmem.bench import pairedmem as pm
 
-            self.inner = TemplateResponder(pm.template_book())
+            if template_book is None:
+                raise TypeError("the app observer needs the benchmark's template_book (a TemplateBook).")
+            self.inner = TemplateResponder(template_book)
         elif kind == "external":
             from fedmem.agent.dpmind import ExtractiveMemoryAgent
 
@@ -111,6 +113,7 @@ class AgentHost:
                          bank=world.bank, config=config, store=store, rng=np.random.default_rng(int(seed)),
                          federation_store=None, federation_accountant=fed_info["accountant"],
                          federation_delta=fed_info["delta"], perturber=perturber, codec=codec,
+                         lexicon=world.lexicon, template_book=world.template_book,
                          app_responder=None if app is None else ObserverResponder(app, world.user),
                          external_responder=None if external is None else ObserverResponder(external, world.user))
         self.tasks = {t.index: t for t in world.tasks}
@@ -168,9 +171,10 @@ def agent_actor_class(num_cpus: float = DEFAULT_AGENT_CPUS):
     return ray.remote(num_cpus=num_cpus, max_restarts=0, max_task_retries=0)(AgentHost)
 
 
-def start_observer(kind: str, *, num_cpus: float = 0.05):
+def start_observer(kind: str, *, num_cpus: float = 0.05, template_book=None):
+    """A :class:`BoundaryObserver` actor (``template_book``: the app's templates, for ``kind="app"``)."""
     import ray
 
-    h = ray.remote(num_cpus=num_cpus, max_restarts=0)(BoundaryObserver).remote(kind)
+    h = ray.remote(num_cpus=num_cpus, max_restarts=0)(BoundaryObserver).remote(kind, template_book)
     ray.get(h.ping.remote())
     return h

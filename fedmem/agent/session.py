@@ -1,75 +1,36 @@
 """A session: many :class:`~fedmem.agent.client.AgentClient` against one federation.
 
-:func:`make_world` draws everything a session needs from one injected RNG: the
-federation's shards, one PairedMem store (side ``M``, carrying its target attribute) and
-public policy per user, a small team bank per user for BRACE, and ``tasks`` tasks per
-user (a federation query, a BRACE cue near a bank pattern, the user's next PairedMem
-query for the app, and a private NIAH-style long context with its question).
-:func:`run_session` builds the agents (one per user, each with its own principal from
-``Federation.connect()``) and runs every task through :meth:`AgentClient.step`.
+Each user's :class:`UserWorld` (memory pair, team bank, tasks and the injected benchmark
+content) is built by the experiment (:func:`fedmem.experiments.agent_worlds.make_world`
+draws everything from one injected RNG). :func:`build_agents` builds the agents (one per
+user, each with its own principal from ``Federation.connect()``) and :func:`run_session`
+runs every task through :meth:`AgentClient.step`; :class:`ActorSession` and
+:func:`open_session` run them as Ray actors or isolated processes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
 from fedmem import _validate as V
-from fedmem.agent.client import AgentClient, AgentConfig, Task
+from fedmem.agent.client import AgentClient, AgentConfig
 
 
 @dataclass
 class UserWorld:
+    """Everything one user's agent is given: its memory pair, team bank and tasks, and the
+    benchmark content the experiment injects (the DP-MemView scorer's ``lexicon``, the
+    third-party app's ``template_book``)."""
+
     user: str
     pair: object            # the PairedMem pair (store "M" is this user's memory)
     bank: np.ndarray
     tasks: list
-
-
-def make_bank(n: int, d: int, rng: np.random.Generator, *, modes: int = 3, std: float = 0.15) -> np.ndarray:
-    """A small team bank: ``modes`` Gaussian clusters in ``d`` dimensions (unit-scale centres)."""
-    V.positive_int("n", n, minimum=2)
-    V.positive_int("d", d)
-    centres = rng.normal(size=(modes, d))
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    lab = rng.integers(modes, size=n)
-    return centres[lab] + std * rng.normal(size=(n, d))
-
-
-def make_world(n_agents: int, n_tasks: int, data, rng: np.random.Generator, *, codec, context_tokens: int = 512,
-               bank_size: int = 64, bank_dim: int = 2) -> list[UserWorld]:
-    from fedmem.bench import pairedmem as pm
-    from fedmem.bench.niah import make_sample
-    from fedmem.bench.shards import sample_queries
-
-    V.positive_int("n_agents", n_agents)
-    V.positive_int("n_tasks", n_tasks)
-    V.positive_int("context_tokens", context_tokens, minimum=64)
-    V.rng_check("rng", rng)
-    n_pairs = max(16, 4 * -(-n_agents // 4))
-    pairs = pm.generate(n_pairs, rng, turns=max(n_tasks, 1))
-    order = rng.permutation(len(pairs))[:n_agents]
-    queries = sample_queries(data, n_agents * n_tasks, rng)
-
-    def count(text: str) -> int:
-        return len(codec.encode(text))
-
-    worlds = []
-    for u in range(n_agents):
-        pair = pairs[int(order[u])]
-        bank = make_bank(bank_size, bank_dim, rng)
-        tasks = []
-        for t in range(n_tasks):
-            sample = make_sample(context_tokens, haystack="essay", needle="numeric", task="single", rng=rng,
-                                 count_tokens=count)
-            q = sample.questions[0]
-            cue = bank[int(rng.integers(bank_size))] + 0.1 * rng.normal(size=bank_dim)
-            tasks.append(Task(index=t, fed_query=queries[u * n_tasks + t], cue=cue,
-                              app_query=pair.turns[t % len(pair.turns)].query, context=sample.text,
-                              question=q.question, answers=q.answers))
-        worlds.append(UserWorld(f"u{u}", pair, bank, tasks))
-    return worlds
+    lexicon: Mapping        # attribute -> evidence phrases (benchmark content)
+    template_book: object   # fedmem.agent.llm.TemplateBook of the app's responder (benchmark content)
 
 
 def build_agents(worlds, federation, store, config: AgentConfig, rng: np.random.Generator, *, agent_cls=AgentClient,
@@ -82,7 +43,8 @@ def build_agents(worlds, federation, store, config: AgentConfig, rng: np.random.
                                 bank=w.bank, config=config, store=store, rng=np.random.default_rng(rng.integers(2**63)),
                                 federation_store=federation.gateway.store,
                                 federation_accountant=federation.gateway.accountant.name,
-                                federation_delta=federation.config.delta, perturber=perturber, codec=codec))
+                                federation_delta=federation.config.delta, perturber=perturber, codec=codec,
+                                lexicon=w.lexicon, template_book=w.template_book))
     return agents
 
 
@@ -155,7 +117,7 @@ class ActorSession:
                 self._handles += projector
             self.projectors = list(projector) if isinstance(projector, (list, tuple)) else [projector]
             self.projector = self.projectors[0]
-            self.app = start_observer("app")
+            self.app = start_observer("app", template_book=self.worlds[0].template_book if self.worlds else None)
             self.external = start_observer("external")
             self._handles += [self.app, self.external]
             table, _ = load_minilm()

@@ -23,6 +23,11 @@ Steps of Table 6 and how they are realised here (no LLM is available offline):
 Everything here is public benchmark content (scaffold, vocabularies, lexicon, response
 templates: the data itself lives in :mod:`fedmem.bench.pairedmem_content`) except each
 pair's two stores, which only the trusted interface may read.
+
+This module returns **plain data** (:class:`PairData`: groups, store sentences, evidence
+tags, query texts with their intent names); :mod:`fedmem.experiments.pairedmem` builds the
+DP-MemView objects from it (``MemViewPolicy``, ``MemoryStore``, ``Query``: its ``generate``
+returns the ``Pair`` objects) and the responder's ``TemplateBook``.
 """
 
 from __future__ import annotations
@@ -33,20 +38,41 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmem import _validate as V
-from fedmem.agent.llm import ModeTemplate, TemplateBook
-from fedmem.agent.memview.policy import Intent, Layout, MemViewPolicy, MemoryStore, Query, View, Vocabulary
-from fedmem.bench.pairedmem_content import (  # noqa: F401 (re-exported: public benchmark content)
-    ATTRIBUTES, NEUTRAL_TRAITS, SLOTS, TOPICS, PROTECTED_POOLS, NEUTRAL_POOLS, _VIEWS, GENERIC_ADVICE, LEXICON,
-    SENSITIVE_PHRASES, _EVIDENCE, _FRAMES, _NEUTRAL, _QUERY_TEMPLATES, TRAJECTORY_BLOCK)
+from fedmem.bench.pairedmem_content import (  # re-exported: public benchmark content
+    ATTRIBUTES, NEUTRAL_TRAITS, SLOTS, TOPICS, PROTECTED_POOLS, NEUTRAL_POOLS, VIEWS, GENERIC_ADVICE, LEXICON,
+    SENSITIVE_PHRASES, EVIDENCE, FRAMES, NEUTRAL_CLAUSES, QUERY_TEMPLATES, TRAJECTORY_BLOCK)
+
+__all__ = [  # the benchmark content (re-exported) and the plain-data generator
+    "ATTRIBUTES", "NEUTRAL_TRAITS", "SLOTS", "TOPICS", "PROTECTED_POOLS", "NEUTRAL_POOLS", "VIEWS", "GENERIC_ADVICE",
+    "LEXICON", "SENSITIVE_PHRASES", "EVIDENCE", "FRAMES", "NEUTRAL_CLAUSES", "QUERY_TEMPLATES", "TRAJECTORY_BLOCK",
+    "LAYOUT_SLOTS", "LAYOUT_TOPICS", "GENERIC_VIEW_DESCRIPTION", "generic_view_name", "positions_of", "IntentData",
+    "INTENTS", "TurnData", "PairData", "generate", "check_pair"]
 
 
-# ------------------------------------------------------------------ public policy
-def _vocabularies() -> dict[str, Vocabulary]:
-    out = {}
-    for slot, views in _VIEWS.items():
-        generic = View(f"{slot}_generic", slot, frozenset(), "Give broadly applicable guidance.")
-        out[slot] = Vocabulary(slot, generic, tuple(View(n, slot, frozenset(s), d) for n, s, d, _ in views))
-    return out
+# ------------------------------------------------------------------ public policy, as plain data
+LAYOUT_SLOTS = tuple(s for s, _ in TOPICS)      # slot of each scaffold position
+LAYOUT_TOPICS = tuple(t for _, t in TOPICS)     # topic of each scaffold position
+GENERIC_VIEW_DESCRIPTION = "Give broadly applicable guidance."
+
+
+def generic_view_name(slot: str) -> str:
+    """Name of ``slot``'s fixed generic view."""
+    return f"{slot}_generic"
+
+
+def positions_of(slot: str) -> tuple[int, ...]:
+    """Scaffold positions of ``slot`` (as ``Layout.positions_of``)."""
+    return tuple(i for i, s in enumerate(LAYOUT_SLOTS) if s == slot)
+
+
+@dataclass(frozen=True)
+class IntentData:
+    """One public intent: it reads positions ``reads`` of ``slot``; ``relevance``: view name -> r."""
+
+    name: str
+    slot: str
+    reads: tuple[int, int]
+    relevance: dict
 
 
 def _pool_tags(position: int) -> set[str]:
@@ -54,50 +80,38 @@ def _pool_tags(position: int) -> set[str]:
     return tags | {t for t, pool in NEUTRAL_POOLS.items() if position in pool}
 
 
-def _intents(layout: Layout, vocabularies: dict[str, Vocabulary]) -> dict[str, Intent]:
+def _intents() -> dict[str, IntentData]:
     """Per slot, intent i reads positions (p_i, p_{i+1 mod k}); relevance is public (pools)."""
     intents = {}
     for slot in SLOTS:
-        pos = layout.positions_of(slot)
+        pos = positions_of(slot)
         for i, p in enumerate(pos):
             q = pos[(i + 1) % len(pos)]
             tags = _pool_tags(p) | _pool_tags(q)
-            relevance = {v.name: (1.0 if v.supported_by & tags else 0.3) for v in vocabularies[slot].specific}
-            relevance[vocabularies[slot].generic.name] = 0.7
-            name = f"{slot}:{layout.topics[p]}+{layout.topics[q]}"
-            intents[name] = Intent(name, {slot: (p, q)}, {slot: relevance})
+            relevance = {n: (1.0 if frozenset(sup) & tags else 0.3) for n, sup, _, _ in VIEWS[slot]}
+            relevance[generic_view_name(slot)] = 0.7
+            name = f"{slot}:{LAYOUT_TOPICS[p]}+{LAYOUT_TOPICS[q]}"
+            intents[name] = IntentData(name, slot, (p, q), relevance)
     return intents
 
 
-_LAYOUT = Layout(tuple(s for s, _ in TOPICS), tuple(t for _, t in TOPICS))
-_VOCABS = _vocabularies()
-_INTENTS = _intents(_LAYOUT, _VOCABS)
-
-
-def template_book() -> TemplateBook:
-    """Public response templates of the benchmark's deterministic responder."""
-    modes = {}
-    for slot, views in _VIEWS.items():
-        for name, tags, _, advice in views:
-            modes[name] = ModeTemplate(name, slot, frozenset(tags), advice)
-    return TemplateBook(
-        slots=SLOTS, modes=modes, generic=dict(GENERIC_ADVICE), lexicon=dict(LEXICON),
-        openings=("Here is a practical take on your {topic}.", "Good question about your {topic}.",
-                  "Let's look at your {topic}.", "A few thoughts on your {topic}."),
-        closings=("Adjust as the week goes.", "Start small and build from there.", "Hope this helps."),
-    )
+INTENTS = _intents()
 
 
 # ------------------------------------------------------------------ pairs
 @dataclass(frozen=True)
-class Turn:
-    query: Query
+class TurnData:
+    """One query of a trajectory: its text, the public intent it names, and its type."""
+
+    text: str
+    intent: str
     qtype: str  # "target" | "neutral" | "distractor"
 
 
 @dataclass(frozen=True)
-class Pair:
-    """One adjacent pair ``M ~_target M'`` with its public policy and trajectory.
+class PairData:
+    """One adjacent pair ``M ~_target M'`` as plain data: protected groups ``I_a``, the two
+    stores' sentences, and the trajectory.
 
     ``tags`` are the S1 specification (evidence tags per position per side); only the
     gold rules and the validator read them.
@@ -107,14 +121,10 @@ class Pair:
     target: str
     overlap: bool
     split: str
-    policy: MemViewPolicy
-    stores: dict  # {"M": MemoryStore, "M'": MemoryStore}
+    groups: dict  # attribute -> frozenset of positions
+    items: dict  # {"M": tuple[str], "M'": tuple[str]}
     tags: dict  # {"M": tuple[frozenset], "M'": tuple[frozenset]}
-    turns: tuple[Turn, ...]
-
-    @property
-    def queries(self) -> tuple[Query, ...]:
-        return tuple(t.query for t in self.turns)
+    turns: tuple[TurnData, ...]
 
 
 def _h(*parts) -> int:
@@ -127,7 +137,7 @@ def _sample_group(rng, pool, size, avoid=frozenset(), must_hit=frozenset()):
         return None
     for _ in range(50):
         g = frozenset(int(x) for x in rng.choice(pool, size=size, replace=False))
-        slots = {_LAYOUT.slots[p] for p in g}
+        slots = {LAYOUT_SLOTS[p] for p in g}
         if len(slots) <= 3 and (not must_hit or g & must_hit):
             return g
     return None
@@ -171,23 +181,23 @@ def _design_groups(rng, target: str, overlap: bool) -> dict[str, frozenset]:
 
 
 def _sentence(position: int, tags: frozenset, variant: int) -> str:
-    topic = _LAYOUT.topics[position]
-    frame = _FRAMES[variant % len(_FRAMES)].format(topic=topic)
+    topic = LAYOUT_TOPICS[position]
+    frame = FRAMES[variant % len(FRAMES)].format(topic=topic)
     if not tags:
-        clause = _NEUTRAL[(variant // 2) % len(_NEUTRAL)]
+        clause = NEUTRAL_CLAUSES[(variant // 2) % len(NEUTRAL_CLAUSES)]
     else:
-        clauses = [_EVIDENCE[t][(variant + 3 * k) % len(_EVIDENCE[t])] for k, t in enumerate(sorted(tags))]
+        clauses = [EVIDENCE[t][(variant + 3 * k) % len(EVIDENCE[t])] for k, t in enumerate(sorted(tags))]
         clause = ", and ".join(clauses)
     return f"{frame} {clause}."
 
 
-def _trajectory(rng, groups, target, n_turns) -> tuple[Turn, ...]:
+def _trajectory(rng, groups, target, n_turns) -> tuple[TurnData, ...]:
     ia = groups[target]
-    ia_slots = {_LAYOUT.slots[p] for p in ia}
-    pool_slots = {_LAYOUT.slots[p] for p in PROTECTED_POOLS[target]}
+    ia_slots = {LAYOUT_SLOTS[p] for p in ia}
+    pool_slots = {LAYOUT_SLOTS[p] for p in PROTECTED_POOLS[target]}
     target_i, neutral_i, distract_i = [], [], []
-    for name, intent in _INTENTS.items():
-        (slot, reads), = intent.reads.items()
+    for name, intent in INTENTS.items():
+        slot, reads = intent.slot, intent.reads
         hits = bool(set(reads) & ia)
         if hits:
             target_i.append(name)
@@ -196,13 +206,13 @@ def _trajectory(rng, groups, target, n_turns) -> tuple[Turn, ...]:
         elif slot not in pool_slots:
             distract_i.append(name)
     if not neutral_i:
-        neutral_i = [n for n, it in _INTENTS.items()
-                     if not (set(next(iter(it.reads.values()))) & ia) and next(iter(it.reads)) in pool_slots]
+        neutral_i = [n for n, it in INTENTS.items()
+                     if not (set(it.reads) & ia) and it.slot in pool_slots]
     if not distract_i:
-        distract_i = [n for n, it in _INTENTS.items()
-                      if not (set(next(iter(it.reads.values()))) & ia) and next(iter(it.reads)) not in ia_slots]
+        distract_i = [n for n, it in INTENTS.items()
+                      if not (set(it.reads) & ia) and it.slot not in ia_slots]
     kinds = {"target": target_i, "neutral": neutral_i, "distractor": distract_i}
-    turns: list[Turn] = []
+    turns: list[TurnData] = []
     while len(turns) < n_turns:
         block = []
         for qtype, count in TRAJECTORY_BLOCK.items():
@@ -213,17 +223,18 @@ def _trajectory(rng, groups, target, n_turns) -> tuple[Turn, ...]:
         order = rng.permutation(len(block))
         for i in order:
             qtype, name = block[i]
-            intent = _INTENTS[name]
-            (slot, (p, q)), = intent.reads.items()
-            tmpl = _QUERY_TEMPLATES[slot][int(rng.integers(len(_QUERY_TEMPLATES[slot])))]
-            text = tmpl.format(a=_LAYOUT.topics[p], b=_LAYOUT.topics[q])
-            turns.append(Turn(Query(text, name), qtype))
+            intent = INTENTS[name]
+            slot, (p, q) = intent.slot, intent.reads
+            tmpl = QUERY_TEMPLATES[slot][int(rng.integers(len(QUERY_TEMPLATES[slot])))]
+            text = tmpl.format(a=LAYOUT_TOPICS[p], b=LAYOUT_TOPICS[q])
+            turns.append(TurnData(text, name, qtype))
     return tuple(turns[:n_turns])
 
 
 def generate(n_pairs: int, rng: np.random.Generator, *, turns: int = 32, overlap_fraction: float = 0.25,
-             split=(0.5, 0.2, 0.3)) -> list[Pair]:
-    """``n_pairs`` adjacent pairs (a multiple of 4: equal quota per attribute).
+             split=(0.5, 0.2, 0.3)) -> list[PairData]:
+    """``n_pairs`` adjacent pairs (a multiple of 4: equal quota per attribute), as plain data
+    (:func:`fedmem.experiments.pairedmem.generate` returns them as policy objects).
 
     Overlap, and train/validation/test split, use fixed per-attribute quotas
     (``round(overlap_fraction * n_per_attribute)`` overlapping pairs), as in S3.
@@ -254,9 +265,9 @@ def generate(n_pairs: int, rng: np.random.Generator, *, turns: int = 32, overlap
     return pairs
 
 
-def _make_pair(index, target, overlap, split, rng, n_turns) -> Pair:
+def _make_pair(index, target, overlap, split, rng, n_turns) -> PairData:
     groups = _design_groups(rng, target, overlap)
-    n = _LAYOUT.n
+    n = len(LAYOUT_SLOTS)
     background = [set() for _ in range(n)]
     protected_positions = frozenset().union(*groups.values())
     for b in ATTRIBUTES:
@@ -273,50 +284,28 @@ def _make_pair(index, target, overlap, split, rng, n_turns) -> Pair:
     tags_m = tuple(frozenset(background[p] | ({target} if p in groups[target] else set())) for p in range(n))
     tags_n = tuple(frozenset(background[p]) for p in range(n))
     variants = [int(rng.integers(0, 60)) for _ in range(n)]
-    store_m = MemoryStore(_LAYOUT, tuple(_sentence(p, tags_m[p], variants[p]) for p in range(n)))
-    store_n = MemoryStore(_LAYOUT, tuple(_sentence(p, tags_n[p], variants[p]) for p in range(n)))
-    policy = MemViewPolicy(_LAYOUT, groups, _VOCABS, _INTENTS)
-    pair = Pair(index, target, overlap, split, policy, {"M": store_m, "M'": store_n},
-                {"M": tags_m, "M'": tags_n}, _trajectory(rng, groups, target, n_turns))
-    validate_pair(pair)
+    items_m = tuple(_sentence(p, tags_m[p], variants[p]) for p in range(n))
+    items_n = tuple(_sentence(p, tags_n[p], variants[p]) for p in range(n))
+    pair = PairData(index, target, overlap, split, groups, {"M": items_m, "M'": items_n},
+                    {"M": tags_m, "M'": tags_n}, _trajectory(rng, groups, target, n_turns))
+    check_pair(pair.index, pair.target, frozenset(groups[target]), pair.items, pair.tags,
+               tuple(t.text for t in pair.turns))
     return pair
 
 
-def validate_pair(pair: Pair) -> None:
-    """S3: same scaffold, equality outside I_a, target evidence on M only, non-target kept."""
-    ia = pair.policy.groups[pair.target]
-    m, n = pair.stores["M"], pair.stores["M'"]
-    if m.layout != n.layout:
-        raise ValueError(f"pair {pair.index}: stores must share one layout.")
-    for p in range(m.layout.n):
-        tm, tn = pair.tags["M"][p], pair.tags["M'"][p]
-        if p not in ia and (m.items[p] != n.items[p] or tm != tn):
-            raise ValueError(f"pair {pair.index}: stores differ at position {p} outside I_{pair.target}.")
+def check_pair(index: int, target: str, ia: frozenset, items: dict, tags: dict, query_texts) -> None:
+    """S3 on plain data: equality outside I_a, target evidence on M only, non-target kept,
+    no query naming a protected attribute (``ValueError`` names the pair and position)."""
+    m, n = items["M"], items["M'"]
+    for p in range(len(m)):
+        tm, tn = tags["M"][p], tags["M'"][p]
+        if p not in ia and (m[p] != n[p] or tm != tn):
+            raise ValueError(f"pair {index}: stores differ at position {p} outside I_{target}.")
         if p in ia:
-            if pair.target not in tm or pair.target in tn:
-                raise ValueError(f"pair {pair.index}: target evidence misplaced at position {p}.")
-            if tm - {pair.target} != tn:
-                raise ValueError(f"pair {pair.index}: non-target evidence not preserved at position {p}.")
-    for t in pair.turns:
-        text = t.query.text.lower()
-        if any(s in text for s in SENSITIVE_PHRASES):
-            raise ValueError(f"pair {pair.index}: query {t.query.text!r} names a protected attribute.")
-
-
-# ------------------------------------------------------------------ gold behaviours
-def target_views(pair: Pair, slot: str) -> frozenset[str]:
-    """Target-specific views of ``slot``: those supported by the target attribute."""
-    return frozenset(v.name for v in pair.policy.vocabularies[slot].specific if pair.target in v.supported_by)
-
-
-def supported_views(pair: Pair, side: str, query: Query) -> dict[str, frozenset[str]]:
-    """Per active slot, the views the side's read-set evidence supports (from the spec)."""
-    out = {}
-    for slot in pair.policy.route(query):
-        tags = frozenset().union(*(pair.tags[side][p] for p in pair.policy.read_set(query, slot)))
-        out[slot] = frozenset(v.name for v in pair.policy.vocabularies[slot].specific if v.supported_by & tags)
-    return out
-
-
-def store_tags(pair: Pair, side: str) -> frozenset[str]:
-    return frozenset().union(*pair.tags[side])
+            if target not in tm or target in tn:
+                raise ValueError(f"pair {index}: target evidence misplaced at position {p}.")
+            if tm - {target} != tn:
+                raise ValueError(f"pair {index}: non-target evidence not preserved at position {p}.")
+    for text in query_texts:
+        if any(s in text.lower() for s in SENSITIVE_PHRASES):
+            raise ValueError(f"pair {index}: query {text!r} names a protected attribute.")

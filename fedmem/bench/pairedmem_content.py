@@ -2,8 +2,9 @@
 protected and neutral pools, view vocabularies, response advice, lexicon, evidence and
 neutral clauses, query templates.
 
-Pure data, no logic: :mod:`fedmem.bench.pairedmem` builds the policy, the pairs and their
-trajectories from it. Everything here is public; only each pair's two stores are private.
+Pure data, no logic: :mod:`fedmem.bench.pairedmem` builds the pairs and their trajectories
+from it as plain data, and :mod:`fedmem.experiments.pairedmem` turns those into the DP-MemView
+policy objects and the responder's templates. Everything here is public; only each pair's two stores are private.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ NEUTRAL_POOLS = {
 }
 
 # (view name, evidence tags supporting it, descriptor handed to the responder, advice variants)
-_VIEWS = {
+VIEWS = {
     "health": [
         ("glucose_monitoring", {"diabetes"}, "Favour steady-energy, glucose-aware health routines.",
          ("Keep a simple log of how meals and activity affect your energy through the day.",
@@ -205,7 +206,7 @@ SENSITIVE_PHRASES = ("diabet", "pregnan", "debt", "laid off", "unemploy", "job l
                      "severance", "let go", "lost my job", "i owe", "ob-gyn", "type 2", "minimum payment",
                      "glucose meter")
 
-_EVIDENCE = {
+EVIDENCE = {
     "diabetes": ("my doctor said my A1C is now in the type 2 range",
                  "I have been checking my blood sugar every morning",
                  "I started metformin last month and have to watch my blood sugar",
@@ -235,11 +236,11 @@ _EVIDENCE = {
     "night_shift": ("I work the night shift most weeks", "my rota has me on overnight shifts",
                     "I am on night shift again this month"),
 }
-_FRAMES = ("About my {topic}:", "On {topic},")
-_NEUTRAL = ("things have been fairly routine lately", "nothing much has changed recently",
+FRAMES = ("About my {topic}:", "On {topic},")
+NEUTRAL_CLAUSES = ("things have been fairly routine lately", "nothing much has changed recently",
             "I keep to my usual habits there", "it has been an ordinary few weeks")
 
-_QUERY_TEMPLATES = {
+QUERY_TEMPLATES = {
     "health": ("Any tips for my {a} and {b} this month?", "How should I approach my {a} this week?",
                "What habits would help with my {a}?", "Can you give me a plan for my {a} and {b}?"),
     "food": ("Can you suggest ideas for {a} this week?", "What should I plan for {a} and {b}?",

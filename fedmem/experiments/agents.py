@@ -114,8 +114,9 @@ def run(cfg, ctx) -> Result:
     from fedmem.attacks import agent_boundaries as adv
     from fedmem.agent.dpmind import load_minilm
     from fedmem.agent.federation_service import start_federation_service
-    from fedmem.agent.session import make_world, open_session
+    from fedmem.agent.session import open_session
     from fedmem.bench.shards import make_clustered_shards, without_record
+    from fedmem.experiments.agent_worlds import make_world
 
     fcfg, acfg = _fed_config(cfg), _agent_config(cfg)
     a = cfg.agents

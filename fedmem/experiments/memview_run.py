@@ -17,9 +17,9 @@ from fedmem.agent.memview.scorer import PaperScorer, PhraseLexicon
 from fedmem.agent.memview.interface import _share
 from fedmem.attacks.memview_auditor import (audit, extra_selection_llr, macro_auc_ci, prefix_features, score_audit,
                                            view_audit, view_events)
-from fedmem.bench import pairedmem as pm
 from fedmem.dp import DurableStore
 from fedmem.embeddings import shared_embedder
+from fedmem.experiments import pairedmem as pm
 
 SLOT_TOPICS = {"health": "health", "food": "meals", "finance": "finances", "work": "work",
                "schedule": "schedule", "family": "household"}

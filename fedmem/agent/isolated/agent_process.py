@@ -128,6 +128,7 @@ class AgentProcess:  # pragma: no cover - runs in the agent process
                     bank=world.bank, config=config, store=store, rng=np.random.default_rng(int(p["seed"])),
                     federation_store=None, federation_accountant=p["fed_info"]["accountant"],
                     federation_delta=p["fed_info"]["delta"], perturber=perturber, codec=self.codec,
+                    lexicon=world.lexicon, template_book=world.template_book,
                     app_responder=_RpcResponder(self.rpc, "app"),
                     external_responder=_RpcResponder(self.rpc, "external"))
         host = AgentHost.__new__(AgentHost)

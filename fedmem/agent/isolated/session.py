@@ -88,7 +88,8 @@ class IsolatedSession:
                 self._handles += projector
             self.projectors = list(projector) if isinstance(projector, (list, tuple)) else [projector]
             self.projector = self.projectors[0]
-            self.app, self.external = start_observer("app"), start_observer("external")
+            self.app = start_observer("app", template_book=self.worlds[0].template_book if self.worlds else None)
+            self.external = start_observer("external")
             self._handles += [self.app, self.external]
             table, _ = load_minilm()
             self.table_dim = int(table.dim)
