@@ -43,8 +43,8 @@ import time
 import numpy as np
 
 from fedmem.attacks.federation_games import ATTACKS, GAME_ATTACKS, is_broadcast
-from fedmem.experiments.support_leak_games import (QueryRecord, run_games, run_reconstruction, run_retries,
-                                                 run_spreading)
+from fedmem.experiments.support_leak_games import (AttackParams, NewFederation, QueryRecord, run_games,
+                                                 run_reconstruction, run_retries, run_spreading)
 from fedmem.experiments.support_leak_plots import _plot_eps, _plot_roc
 from fedmem.experiments.support_leak_report import (GAME_LABELS, explain, game_row, overall_verdict,
                                                     reconstruction_tables, variant_label, write_queries)
@@ -137,6 +137,26 @@ def memory(cfg) -> list[tuple[str, str, float]]:
 
 
 # ------------------------------------------------------------------------------ run
+def attack_params(cfg) -> AttackParams:
+    """The ``[attack]`` knobs the game runners use, as plain values."""
+    a = cfg.attack
+    return AttackParams(attacks=tuple(a.attacks), queries=a.queries, anchor_noise=a.anchor_noise, step=a.step,
+                        explore=a.explore, targets=a.targets, repeats=a.repeats, r=a.r,
+                        near_duplicate_radius=a.near_duplicate_radius, timing_trials=a.timing_trials,
+                        references=a.references, boundary_tolerance=a.boundary_tolerance, sybils=a.sybils,
+                        sybil_queries=a.sybil_queries, retry_counts=tuple(a.retry_counts), neighbours=a.neighbours,
+                        accountant=a.accountant)
+
+
+def federation_factory(ray_address, parties) -> NewFederation:
+    """``new_federation(config, data, accountant, rng)`` on this run's Ray and compute parties.
+    It looks up :func:`fedmem.federation.services.make_federation` at each call (tests substitute it)."""
+    def new_federation(config, data, accountant, rng):
+        return services.make_federation(config, data, accountant=accountant, rng=rng, ray_address=ray_address,
+                                        parties=parties)
+    return new_federation
+
+
 def make_data(cfg, rng):
     """The clustered shard data (benchmark content, injected into the federation; moved here
     from ``fedmem.federation.services`` so the federation layer never imports ``fedmem.bench``)."""
@@ -166,7 +186,8 @@ def run(cfg, ctx) -> Result:
 
     svc = services.Services(cfg, ctx.ray_address)
     try:
-        _run_attacks(cfg, ctx, data, svc.parties, world_accountant, metrics, tables, attack_rows, eps_rows, mrng)
+        _run_attacks(cfg, ctx, data, federation_factory(ctx.ray_address, svc.parties), world_accountant, metrics,
+                     tables, attack_rows, eps_rows, mrng)
     finally:
         svc.close()
     overall = overall_verdict([r[-1] for r in attack_rows])
@@ -194,23 +215,22 @@ def run(cfg, ctx) -> Result:
 
 
 
-def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, attack_rows, eps_rows, mrng):
+def _run_attacks(cfg, ctx, data, new_federation, world_accountant, metrics, tables, attack_rows, eps_rows, mrng):
     f, a = cfg.federation, cfg.attack
+    config, params = services.federation_config(cfg), attack_params(cfg)   # the library objects of the runners
     phases = metrics.setdefault("phase_seconds", {})
     records: list[QueryRecord] = []
     t0 = time.perf_counter()
     keep = (metrics, tables, attack_rows, eps_rows)   # what a phase adds; restored on --resume (RunContext)
     if "reconstruction" in a.attacks and not ctx.resume_phase("reconstruction", *keep):
         acc = world_accountant("main")
-        fed = services.make_federation(services.federation_config(cfg), data, accountant=acc,
-                                       rng=ctx.rng("engine", "main"), ray_address=ctx.ray_address, parties=parties)
+        fed = new_federation(config, data, acc, ctx.rng("engine", "main"))
         try:
-            records = run_reconstruction(cfg, ctx, data, fed, acc)
+            records = run_reconstruction(config, params, data, fed, acc, ctx.rng, ctx.progress)
         finally:
             fed.close()
         metrics.update(reconstruction_tables(records, cfg, tables, attack_rows, ctx))
-        costs = [(r.mpc_rounds, r.mpc_bytes, r.mpc_batch) for r in getattr(fed, "audit", [])
-                 if getattr(r, "mpc_rounds", None) is not None]
+        costs = [(r.mpc_rounds, r.mpc_bytes, r.mpc_batch) for r in fed.audit if r.mpc_rounds is not None]
         if costs:   # public MPC cost (shapes only), into results.json
             metrics["mpc"] = {"queries": len(costs), "rounds_per_query": sorted({c[0] for c in costs}),
                               "bytes_per_query_median": float(np.median([c[1] / c[2] for c in costs])),
@@ -221,7 +241,7 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
 
     t0 = time.perf_counter()
     if set(GAME_ATTACKS) & set(a.attacks) and not ctx.resume_phase("membership", *keep):
-        game = run_games(cfg, ctx, data, world_accountant, parties)
+        game = run_games(config, params, data, new_federation, world_accountant, ctx.rng, ctx.progress)
         eps_one = float(np.median(game["eps_one"])) if game["eps_one"] else 0.0
         metrics["membership_queries"] = game["queries"]
         metrics["membership_refused"] = game["refused"]
@@ -247,7 +267,7 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
 
     t0 = time.perf_counter()
     if "principal_spreading" in a.attacks and not ctx.resume_phase("principal_spreading", *keep):
-        rep = run_spreading(cfg, ctx, data, world_accountant, parties)
+        rep = run_spreading(config, params, data, new_federation, world_accountant, ctx.rng)
         metrics["principal_spreading"] = rep.as_dict()
         metrics.setdefault("attacks", {})["principal_spreading"] = rep.as_dict()
         tables.append(Table("Principal spreading: one adversary, many principals and fresh labels",
@@ -265,7 +285,7 @@ def _run_attacks(cfg, ctx, data, parties, world_accountant, metrics, tables, att
 
     t0 = time.perf_counter()
     if "retries" in a.attacks and not ctx.resume_phase("retries", *keep):
-        rows = run_retries(cfg, ctx, data, world_accountant, parties)
+        rows = run_retries(config, params, data, new_federation, world_accountant, ctx.rng)
         tables.append(Table("(d) Retry composition: averaging r releases of one query",
                             ["mode", "r asked", "released", "refused", "MSE of averaged mean",
                              "booked eps after 1", "booked eps after r"], rows,

@@ -14,24 +14,67 @@ read for evaluation only.
 * :func:`run_spreading`: one adversary spread over many principals (real budgets).
 * :func:`run_retries`: (d) one query re-asked ``r`` times, declared and silent.
 
-Each function takes the scenario config (``cfg.federation``, ``cfg.attack``) and the run
-context (seeded RNG streams, progress), and builds its federations with
-:mod:`fedmem.federation.services`.
+Each function takes library objects: the federation's :class:`FederationConfig`, the
+attack's :class:`AttackParams`, the data, a federation factory (:data:`NewFederation`: the
+run's Ray address and compute parties bound in), an accountant per world, and ``rng_for``
+(seeded RNG streams by name). The scenario is turned into these once, in
+:mod:`fedmem.experiments.support_leak`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from fedmem.attacks import observable as O
+from fedmem.attacks.adaptive import AdaptiveAdversary
 from fedmem.attacks.federation_games import (GAME_ATTACKS, VALUE_ATTACKS, dp_channels_expected,
                                              exact_mean, float_bits_score, float_hypotheses, has_support_event,
                                              is_broadcast, leaf_events, leak_reasons, neighbours, noise_std_of_n,
                                              reference_support, relevant_selection, worst_case_candidate)
-from fedmem.federation import services
+from fedmem.attacks.observable import observations
+from fedmem.attacks.support import (average_releases, differencing_score, reconstruct_cardinality, reconstruct_count,
+                                    value_score)
+from fedmem.bench.shards import sample_queries
+from fedmem.errors import SupportPrivacyViolation
+from fedmem.federation.config import FederationConfig
+
+NewFederation = Callable[..., object]
+"""``new_federation(config, data, accountant, rng)``: a running Federation (Ray address and compute
+parties bound in by the caller)."""
+
+
+@dataclass(frozen=True)
+class AttackParams:
+    """The attacks' knobs (the scenario's ``[attack]`` section, as plain values)."""
+
+    attacks: tuple[str, ...]
+    queries: int
+    anchor_noise: float
+    step: float
+    explore: float
+    targets: int
+    repeats: int
+    r: int
+    near_duplicate_radius: float
+    timing_trials: int
+    references: int
+    boundary_tolerance: int
+    sybils: int
+    sybil_queries: int
+    retry_counts: tuple[int, ...]
+    neighbours: str
+    accountant: str
+
+
+def _no_progress(iterable: Iterable, total: int | None = None, description: str = "") -> Iterator:
+    return iter(iterable)
 
 
 @dataclass
@@ -56,26 +99,22 @@ class QueryRecord:
 
 
 # ------------------------------------------------------------------- (a) reconstruction
-def run_reconstruction(cfg, ctx, data, fed, acc) -> list[QueryRecord]:
+def run_reconstruction(f: FederationConfig, a: AttackParams, data, fed, acc, rng_for,
+                       progress=_no_progress) -> list[QueryRecord]:
     """The adaptive stream: one query at a time (the next depends on this answer).
 
     The adversary is one principal (``fed.connect()``); refusals are read as such. The
     reasons and bookings come from the operator's audit log and accountant (evaluation
     only, never shown to the adversary).
     """
-    from fedmem.attacks.adaptive import AdaptiveAdversary
-    from fedmem.attacks.support import reconstruct_cardinality, reconstruct_count
-    from fedmem.errors import SupportPrivacyViolation
-
-    f, a = cfg.federation, cfg.attack
-    arng = ctx.rng("adversary")
+    arng = rng_for("adversary")
     anchors = data.centers + a.anchor_noise * arng.standard_normal(data.centers.shape) / math.sqrt(f.key_dim)
     adv = AdaptiveAdversary(anchors, arng, shards=f.shards, k_local=f.k_local, step=a.step, explore=a.explore)
     client = fed.connect()
     std_of_n = noise_std_of_n(f)
     records: list[QueryRecord] = []
     norms_sq: list[float] = []   # the adversary's own history of ||released||^2
-    for _ in ctx.progress(range(a.queries), a.queries, "adaptive queries"):
+    for _ in progress(range(a.queries), a.queries, "adaptive queries"):
         p = adv.next_query()
         before = acc.count
         resp = None
@@ -83,8 +122,7 @@ def run_reconstruction(cfg, ctx, data, fed, acc) -> list[QueryRecord]:
             resp = client.retrieve(p.q, family=p.family, retry_of=p.retry_of)
         except SupportPrivacyViolation:
             pass
-        log = getattr(fed, "audit", None)
-        last = log[-1] if log else None
+        last = fed.audit[-1] if fed.audit else None
         reasons = tuple(last.reasons) if last is not None else ()
         if last is not None and last.decision == "admitted_fallback":
             reasons = reasons + ("(answered by the support-safe broadcast)",)
@@ -100,7 +138,7 @@ def run_reconstruction(cfg, ctx, data, fed, acc) -> list[QueryRecord]:
             cest = reconstruct_count(resp, shards=f.shards, k_local=f.k_local, noise_std_of_n=std_of_n,
                                      signal_sq=sig)
             norms_sq.append(float(np.sum(np.asarray(resp.value, dtype=np.float64) ** 2)))
-            bcast = is_broadcast(f) or getattr(resp, "selection", f.selection) == "broadcast"
+            bcast = is_broadcast(f) or resp.selection == "broadcast"
             exact = relevant_selection(data, p.q, f)[1] if bcast else exact_mean(truth)
             mse = float(np.mean((np.asarray(resp.value) - exact) ** 2)) if exact is not None else float("nan")
             why = leak_reasons(resp, truth, f)
@@ -123,8 +161,6 @@ def _ask_trials(fed, qs, per_trial: int, max_batch: int):
     principal, batched across principals. Returns (observations, epsilon booked per trial), the
     latter read from the federation's own per-principal accountant (what it charged, not what
     the responses claim)."""
-    from fedmem.attacks.observable import observations
-
     qs = np.asarray(qs, dtype=np.float64)
     n_trials = qs.shape[0] // per_trial
     pids = [fed.connect().principal for _ in range(n_trials)]
@@ -151,29 +187,25 @@ def _count_fn(data, f):
 def _topic_directions(centers) -> np.ndarray:
     """Directions the admission-oracle search moves the query toward: every topic centre and
     every pair of them (the adversary knows the dataset in the DP game)."""
-    import itertools
-
     c = np.asarray(centers, dtype=np.float64)
     pairs = [c[i] + c[j] for i, j in itertools.combinations(range(len(c)), 2)]
     return np.array(pairs + list(c)) if pairs else c
 
 
-def game_config(cfg):
+def game_config(config: FederationConfig) -> FederationConfig:
     """The scenario's federation with every budget lifted (``math.inf``).
 
     Budget refusals are decided from public state, so they cannot separate the worlds;
     lifting them only gives the adversary more answers, which makes the audit
     conservative (it can find more leakage, never less).
     """
-    import dataclasses
-
-    config = services.federation_config(cfg)
     lifted = {k: math.inf for k in ("epsilon_budget", "total_epsilon_budget", "support_budget_bits",
-                                     "total_support_budget_bits") if hasattr(config, k)}
-    return dataclasses.replace(config, **lifted) if dataclasses.is_dataclass(config) else config
+                                     "total_support_budget_bits")}
+    return dataclasses.replace(config, **lifted)
 
 
-def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
+def run_games(f: FederationConfig, a: AttackParams, data, new_federation: NewFederation, world_accountant,
+              rng_for, progress=_no_progress) -> dict:
     """Membership games: for each target, a world with and a world without the record.
 
     Both worlds run at once (so the timing attack can interleave them). Per world each
@@ -182,35 +214,29 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
     separate principal on that world. Returns per attack the positive/negative scores
     and the epsilon booked for one trial.
     """
-    from fedmem.attacks import observable as O
-    from fedmem.attacks.support import differencing_score, value_score
-
-    f, a = cfg.federation, cfg.attack
     want = [x for x in GAME_ATTACKS if x in a.attacks]
     if "float_bits" not in want and set(VALUE_ATTACKS) & set(want):
         want.append("float_bits")
-    trng = ctx.rng("targets")
+    trng = rng_for("targets")
     out: dict = {name: {"pos": [], "neg": [], "booked": [], "booked_pos": [], "booked_neg": []} for name in want}
     out.update({"queries": 0, "refused": {"with": 0, "without": 0}, "eps_one": [], "n_target": [],
                 "boundary_found": 0})
-    config = game_config(cfg)
-    mb = getattr(config, "max_batch", 1024)
+    config = game_config(f)
+    mb = config.max_batch
     R, T = a.repeats, a.r
 
-    for t in ctx.progress(range(a.targets), a.targets, "membership targets"):
+    for t in progress(range(a.targets), a.targets, "membership targets"):
         shard, key, value, _ = worst_case_candidate(data, trng, f)
-        worlds = neighbours(data, shard, key, value, getattr(a, "neighbours", "replace-one"), ctx.rng("filler", t))
+        worlds = neighbours(data, shard, key, value, a.neighbours, rng_for("filler", t))
         feds = {}
         try:
             for w, wdata in worlds.items():
-                feds[w] = services.make_federation(config, wdata, accountant=world_accountant(f"target{t}-{w}"),
-                                                   rng=ctx.rng("engine", t, w), ray_address=ctx.ray_address,
-                                                   parties=parties)
+                feds[w] = new_federation(config, wdata, world_accountant(f"target{t}-{w}"), rng_for("engine", t, w))
             bq, with_answered = key, True
             if "admission_oracle" in want:
                 bq, _, n_with, found = O.search_boundary_query(
                     _count_fn(worlds["without"], f), _count_fn(worlds["with"], f), key,
-                    O.tolerance_boundary(f.n_bound, a.boundary_tolerance), ctx.rng("boundary", t),
+                    O.tolerance_boundary(f.n_bound, a.boundary_tolerance), rng_for("boundary", t),
                     directions=_topic_directions(worlds["without"].centers), steps=30)
                 out["boundary_found"] += int(found)
                 with_answered = abs(n_with - f.n_bound) <= a.boundary_tolerance   # the hypothesised rule
@@ -249,7 +275,7 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
                     if name == "retry_averaging":
                         qs = np.repeat(key[None], R * T, axis=0)
                     else:
-                        nrng = ctx.rng("near-duplicates", t)    # the same perturbations in both worlds
+                        nrng = rng_for("near-duplicates", t)    # the same perturbations in both worlds
                         qs = np.concatenate([O.near_duplicates(key, T, a.near_duplicate_radius, nrng)
                                              for _ in range(R)])
                     obs, booked = _ask_trials(fed, qs, T, mb)
@@ -258,7 +284,7 @@ def run_games(cfg, ctx, data, world_accountant, parties=None) -> dict:
                         out[name][tag].append(O.averaged_value_score(obs[i * T:(i + 1) * T], value))
                         _book(out[name], tag, booked[i])
             if "timing" in want:
-                order_rng = ctx.rng("timing-order", t)
+                order_rng = rng_for("timing-order", t)
                 for _ in range(a.timing_trials):
                     for w in (("with", "without") if order_rng.random() < 0.5 else ("without", "with")):
                         client = feds[w].connect()
@@ -279,16 +305,11 @@ def _book(g: dict, tag: str, eps: float) -> None:
     g["booked_pos" if tag == "pos" else "booked_neg"].append(eps)
 
 
-def run_spreading(cfg, ctx, data, world_accountant, parties=None):
+def run_spreading(config: FederationConfig, a: AttackParams, data, new_federation: NewFederation,
+                  world_accountant, rng_for):
     """``principal_spreading``: a Sybil spreads one query over many principals (real budgets)."""
-    from fedmem.attacks import observable as O
-    from fedmem.bench.shards import sample_queries
-
-    f, a = cfg.federation, cfg.attack
-    q = sample_queries(data, 1, ctx.rng("spreading-query"))[0]
-    config = services.federation_config(cfg)
-    fed = services.make_federation(config, data, accountant=world_accountant("spreading"),
-                                   rng=ctx.rng("engine", "spreading"), ray_address=ctx.ray_address, parties=parties)
+    q = sample_queries(data, 1, rng_for("spreading-query"))[0]
+    fed = new_federation(config, data, world_accountant("spreading"), rng_for("engine", "spreading"))
     try:
         clients = [fed.connect() for _ in range(a.sybils)]
         obs = []
@@ -299,8 +320,8 @@ def run_spreading(cfg, ctx, data, world_accountant, parties=None):
                        any(ch in o.response.channels for ch in ("receipts", "count", "count:implicit",
                                                                   "value:calibration"))
                        and not has_support_event(o.response) for o in obs)
-        rep = O.spreading_report(obs, a.sybils, f.delta, getattr(config, "total_support_budget_bits", math.inf),
-                                 getattr(config, "total_epsilon_budget", math.inf), a.accountant)
+        rep = O.spreading_report(obs, a.sybils, config.delta, config.total_support_budget_bits,
+                                 config.total_epsilon_budget, a.accountant)
         if unbooked:   # exact support channels: no finite bound on what they reveal
             rep = O.SpreadingReport(rep.principals, rep.queries, rep.answered, math.inf,
                                     rep.total_support_budget_bits, rep.epsilon_seen, rep.total_epsilon_budget,
@@ -311,20 +332,14 @@ def run_spreading(cfg, ctx, data, world_accountant, parties=None):
 
 
 # ------------------------------------------------------------------------ (d) retries
-def run_retries(cfg, ctx, data, world_accountant, parties=None) -> list[list]:
-    from fedmem.attacks.support import average_releases
-    from fedmem.bench.shards import sample_queries
-    from fedmem.errors import SupportPrivacyViolation
-
-    f, a = cfg.federation, cfg.attack
-    q = sample_queries(data, 1, ctx.rng("retry-query"))[0]
+def run_retries(f: FederationConfig, a: AttackParams, data, new_federation: NewFederation, world_accountant,
+                rng_for) -> list[list]:
+    q = sample_queries(data, 1, rng_for("retry-query"))[0]
     rows = []
-    config = services.federation_config(cfg)
     rmax = max(a.retry_counts)
     for mode in ("declared", "silent"):
         acc = world_accountant(f"retries-{mode}")
-        fed = services.make_federation(config, data, accountant=acc, rng=ctx.rng("engine", "retries", mode),
-                                       ray_address=ctx.ray_address, parties=parties)
+        fed = new_federation(f, data, acc, rng_for("engine", "retries", mode))
         try:
             client = fed.connect()
             exact = relevant_selection(data, q, f)[1] if is_broadcast(f) else exact_mean(fed.ground_truth(q))
