@@ -1,6 +1,8 @@
 """Pure-DP per-attribute ledgers with caps B_a (DP-MemView Algorithm 1, contract C5).
 
-A charge names a *set* of attributes and one epsilon. It is admitted only if, for every
+A charge names a *set* of attributes and one epsilon. The vocabulary is the accountants':
+``fits`` (prospective check) and ``book`` (durable charge, raises when refused); the
+ledger's first names ``can_charge``/``charge`` stay as aliases. It is admitted only if, for every
 attribute a in the set, ``L_a + epsilon <= B_a`` (prospective check); then every L_a
 grows by epsilon in one transaction, or none does (all-or-nothing). Epsilons are summed
 exactly as rationals (``fractions.Fraction`` of the binary floats), so a sequence of
@@ -126,8 +128,9 @@ class AttributeLedger:
     def _admits(self, spent, attrs, eps: Fraction) -> bool:
         return all(spent[a] + eps <= Fraction(self._caps[a]) for a in attrs)
 
-    def can_charge(self, attrs: Iterable[str], epsilon: float) -> bool:
-        """Prospective check only; changes nothing."""
+    def fits(self, attrs: Iterable[str], epsilon: float) -> bool:
+        """Whether a charge of ``epsilon`` to every attribute in ``attrs`` would stay within
+        every cap (the accountants' ``fits``). Prospective check only; changes nothing."""
         attrs = self._check_attrs(attrs)
         eps = Fraction(V.positive("epsilon", epsilon))
         with self.store.transaction() as db:
@@ -152,13 +155,23 @@ class AttributeLedger:
             )
         return True
 
-    def charge(self, attrs: Iterable[str], epsilon: float, label: str = "") -> None:
-        """Like :meth:`try_charge` but raises :class:`BudgetExceeded` when refused."""
+    def book(self, attrs: Iterable[str], epsilon: float, label: str = "") -> None:
+        """Charge durably, or raise :class:`BudgetExceeded` and write nothing (the accountants'
+        ``book``): like :meth:`try_charge`, but a refusal raises."""
         if not self.try_charge(attrs, epsilon, label):
             raise BudgetExceeded(
                 f"charge of {epsilon!r} to {sorted(set(attrs))} refused by ledger {self.name!r}: "
                 f"spent {self.spent()}, caps {self._caps}."
             )
+
+    # The ledger's first names, kept: ``can_charge`` is :meth:`fits`, ``charge`` is :meth:`book`.
+    def can_charge(self, attrs: Iterable[str], epsilon: float) -> bool:
+        """Old name of :meth:`fits` (same check, same answer)."""
+        return self.fits(attrs, epsilon)
+
+    def charge(self, attrs: Iterable[str], epsilon: float, label: str = "") -> None:
+        """Old name of :meth:`book` (same charge, same refusal)."""
+        return self.book(attrs, epsilon, label)
 
     def __repr__(self) -> str:
         return f"AttributeLedger(name={self.name!r}, caps={self._caps!r}, store={self.store!r})"

@@ -1,5 +1,8 @@
 """AttributeLedger: hypothesis stateful test against an exact model, plus unit cases.
 
+``LedgerContract`` holds the behaviour every ledger kind must have (in-memory and SQLite-backed
+subclass it, as the accountants subclass ``AccountantContract``); the durable-only cases follow.
+
 The model keeps L_a as exact rationals. Every rule compares the ledger with the model;
 the invariants check after every step that no L_a exceeds B_a and that the stored
 history explains every L_a exactly (all-or-nothing: a charge of a set appears once and
@@ -8,6 +11,7 @@ moves every attribute of the set by the same epsilon, or appears not at all).
 
 from __future__ import annotations
 
+import itertools
 from fractions import Fraction
 
 import pytest
@@ -28,10 +32,13 @@ CAPS = st.sampled_from([0.3, 0.5, 1.0, 1.5])
 class LedgerMachine(RuleBasedStateMachine):
     ledger_class = AttributeLedger
 
+    def new_ledger(self, caps):
+        return self.ledger_class(caps, store=DurableStore(None), name="m")
+
     @initialize(caps=st.fixed_dictionaries({a: CAPS for a in ATTRS}))
     def setup(self, caps):
         self.caps = caps
-        self.ledger = self.ledger_class(caps, store=DurableStore(None), name="m")
+        self.ledger = self.new_ledger(caps)
         self.model = {a: Fraction(0) for a in ATTRS}
         self.charges = 0
 
@@ -42,6 +49,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def try_charge(self, attrs, eps):
         expected = self._admissible(attrs, eps)
         assert self.ledger.can_charge(attrs, eps) == expected
+        assert self.ledger.fits(attrs, eps) == expected           # the same check under the accountants' name
         assert self.ledger.try_charge(attrs, eps, label="t") == expected
         if expected:
             for a in attrs:
@@ -123,26 +131,84 @@ def test_stateful_machine_catches_broken_ledger(broken):
             database=None, derandomize=True))
 
 
-# --------------------------------------------------------------------------- units
-def test_refused_set_charge_changes_nothing():
-    led = AttributeLedger({"a": 1.0, "b": 0.5})
-    led.charge(["a", "b"], 0.4)
-    assert not led.try_charge(["a", "b"], 0.2)  # b would reach 0.6 > 0.5; a must not move
-    assert led.spent() == {"a": 0.4, "b": 0.4}
-    assert len(led.history()) == 1
-    assert led.try_charge(["a"], 0.6)            # exactly meets a's cap
-    assert not led.try_charge(["a"], 1e-12)
+# --------------------------------------------------------------------------- the ledger contract
+class LedgerContract:
+    """Shared contract of the per-attribute ledgers (the accountants' ``AccountantContract`` in
+    tests/dp/test_accountant.py is its model): every ledger kind subclasses it and says how a
+    ledger is made (``make``). The vocabulary is the accountants': ``fits`` / ``book``, with
+    ``can_charge`` / ``charge`` kept as the same calls under their first names."""
+
+    def make(self, caps, **kw) -> AttributeLedger:
+        raise NotImplementedError
+
+    def test_agrees_with_the_exact_model(self):
+        # The stateful machine above, on ledgers of this kind. Its power against broken ledgers is
+        # measured by test_stateful_machine_catches_broken_ledger (200 examples); 20 examples here
+        # catch check-first-only, not float-sums.
+        machine = type("ContractMachine", (LedgerMachine,), {"new_ledger": lambda m, caps: self.make(caps)})
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=20, stateful_step_count=30, deadline=None, database=None, derandomize=True))
+
+    def test_fits_and_book_are_can_charge_and_charge(self):
+        led = self.make({"a": 1.0, "b": 0.5})
+        assert led.fits(["a", "b"], 0.5) and led.can_charge(["a", "b"], 0.5)
+        assert led.book(["a", "b"], 0.5, label="first") is None
+        assert not led.fits(["b"], 1e-3) and not led.can_charge(["b"], 1e-3)
+        for call in (led.book, led.charge):
+            with pytest.raises(BudgetExceeded, match=r"charge of 0\.001 to \['b'\] refused by ledger"):
+                call(["b"], 1e-3)
+        led.charge(["a"], 0.5, label="second")
+        assert led.spent() == {"a": 1.0, "b": 0.5}
+        assert [(c.attrs, c.epsilon, c.label) for c in led.history()] == [(("a", "b"), 0.5, "first"),
+                                                                         (("a",), 0.5, "second")]
+
+    def test_refused_set_charge_changes_nothing(self):
+        led = self.make({"a": 1.0, "b": 0.5})
+        led.charge(["a", "b"], 0.4)
+        assert not led.try_charge(["a", "b"], 0.2)  # b would reach 0.6 > 0.5; a must not move
+        assert led.spent() == {"a": 0.4, "b": 0.4}
+        assert len(led.history()) == 1
+        assert led.try_charge(["a"], 0.6)            # exactly meets a's cap
+        assert not led.try_charge(["a"], 1e-12)
+
+    def test_floating_point_round_off_cannot_exceed_cap(self):
+        led = self.make({"a": 0.3})
+        assert led.try_charge(["a"], 0.1) and led.try_charge(["a"], 0.1)
+        # 0.1 + 0.1 + 0.1 > 0.3 exactly in binary rationals (0.1 is slightly above 1/10),
+        # so the third charge is refused even though float sums would round to 0.30000000000000004.
+        assert Fraction(0.1) * 3 > Fraction(0.3)
+        assert not led.try_charge(["a"], 0.1)
+
+    def test_unknown_and_empty_attributes_rejected(self):
+        led = self.make({"a": 1.0})
+        with pytest.raises(ValueError, match="unknown"):
+            led.try_charge(["zzz"], 0.1)
+        with pytest.raises(ValueError, match="attrs"):
+            led.try_charge([], 0.1)
+        assert led.history() == []
 
 
-def test_floating_point_round_off_cannot_exceed_cap():
-    led = AttributeLedger({"a": 0.3})
-    assert led.try_charge(["a"], 0.1) and led.try_charge(["a"], 0.1)
-    # 0.1 + 0.1 + 0.1 > 0.3 exactly in binary rationals (0.1 is slightly above 1/10),
-    # so the third charge is refused even though float sums would round to 0.30000000000000004.
-    assert Fraction(0.1) * 3 > Fraction(0.3)
-    assert not led.try_charge(["a"], 0.1)
+class TestInMemoryLedger(LedgerContract):
+    """A ledger in a private in-memory store (``DurableStore(None)``, the default)."""
+
+    def make(self, caps, **kw) -> AttributeLedger:
+        return AttributeLedger(caps, **kw)
 
 
+class TestSqliteLedger(LedgerContract):
+    """A durable ledger in an SQLite file; every ledger made by one test is a new name in the
+    same file (what two ledgers sharing a store look like)."""
+
+    @pytest.fixture(autouse=True)
+    def _store(self, tmp_path):
+        self.store = DurableStore(tmp_path / "ledgers.sqlite")
+        self.names = itertools.count()
+
+    def make(self, caps, **kw) -> AttributeLedger:
+        return AttributeLedger(caps, store=self.store, name=f"ledger-{next(self.names)}", **kw)
+
+
+# --------------------------------------------------------------------------- durable store only
 def test_resume_from_store_and_cap_mismatch(tmp_path):
     path = tmp_path / "l.sqlite"
     led = AttributeLedger({"a": 1.0}, store=DurableStore(path), name="x")
@@ -153,14 +219,6 @@ def test_resume_from_store_and_cap_mismatch(tmp_path):
     with pytest.raises(ValueError, match="caps"):
         AttributeLedger({"a": 2.0}, store=DurableStore(path), name="x")
 
-
-def test_unknown_and_empty_attributes_rejected():
-    led = AttributeLedger({"a": 1.0})
-    with pytest.raises(ValueError, match="unknown"):
-        led.try_charge(["zzz"], 0.1)
-    with pytest.raises(ValueError, match="attrs"):
-        led.try_charge([], 0.1)
-    assert led.history() == []
 
 
 def test_incremental_sums_equal_a_full_read_across_writers_and_edits(tmp_path):
