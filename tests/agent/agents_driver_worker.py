@@ -20,7 +20,8 @@ import numpy as np
 from fedmem._ray import ensure_ray
 from fedmem.agent.client import AgentConfig
 from fedmem.agent.dpmind import load_minilm
-from fedmem.agent.session import ActorSession, make_world
+from fedmem.agent.session import ActorSession
+from fedmem.experiments.agent_worlds import make_world
 from fedmem.bench.shards import make_clustered_shards
 from fedmem.federation.engine import FederationConfig
 

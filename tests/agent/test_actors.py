@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from fedmem.agent.client import AgentConfig
-from fedmem.agent.session import ActorSession, make_world
+from fedmem.agent.session import ActorSession
+from fedmem.experiments.agent_worlds import make_world
 from fedmem.bench.shards import make_clustered_shards
 from tests.agent.agent_doubles import LateBooking, SlowAfterRelease
 from fedmem.federation.engine import FederationConfig

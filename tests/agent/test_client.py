@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from fedmem.agent.client import AgentClient, AgentConfig, AgentLedger, check_bookings, default_perturber
-from fedmem.agent.session import build_agents, make_world, run_session
+from fedmem.agent.session import build_agents, run_session
+from fedmem.experiments.agent_worlds import make_world
 from fedmem.bench.shards import make_clustered_shards
 from fedmem.dp import Accountant, DurableStore
 from fedmem.federation.engine import Federation, FederationConfig

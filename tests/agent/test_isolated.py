@@ -288,7 +288,8 @@ def projector(ray_local):
 def test_same_probe_from_an_in_cluster_agent_sees_the_cluster(tmp_path, data, codec, projector, ray_local):
     """Companion: the in-cluster mode only simulates the boundary. The same probe, run from a
     Ray actor, lists the cluster's actors (so the isolated test above could have failed)."""
-    from fedmem.agent.session import make_world, open_session
+    from fedmem.agent.session import open_session
+    from fedmem.experiments.agent_worlds import make_world
 
     import sys
 
@@ -343,7 +344,8 @@ def isolated_run(data, codec, projector, ray_local):
     import tempfile
     import threading
 
-    from fedmem.agent.session import make_world, open_session
+    from fedmem.agent.session import open_session
+    from fedmem.experiments.agent_worlds import make_world
 
     out = Path(tempfile.mkdtemp(prefix="fedmem-iso-", dir="/tmp"))   # the agents' uids must reach it
     os.chmod(out, 0o711)                                                # (pytest's base temp is 0700)

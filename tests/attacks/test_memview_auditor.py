@@ -14,7 +14,7 @@ from fedmem.attacks.memview_auditor import (AuditResult, CalibratedAuditor, View
                                             fit_platt, score_audit,
                                             macro_auc_ci, paired_auc_difference, target_view_count, view_audit,
                                             view_events)
-from fedmem.bench import pairedmem as pm
+from fedmem.experiments import pairedmem as pm
 
 SCORER = PaperScorer(PhraseLexicon(pm.LEXICON))
 

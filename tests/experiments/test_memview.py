@@ -15,7 +15,7 @@ from fedmem.agent.llm import ECHO_MARK, TemplateResponder
 from fedmem.agent.memview.baselines import output_filter, run_method
 from fedmem.experiments.memview import EXPERIMENTS, UTILITY_COLUMNS, _auc_ceiling, _states_only_true_facts
 from fedmem.attacks.memview_auditor import audit, prefix_features
-from fedmem.bench import pairedmem as pm
+from fedmem.experiments import pairedmem as pm
 from fedmem.errors import ScenarioError
 from fedmem.report import RunContext
 from fedmem.scenario import load_scenario

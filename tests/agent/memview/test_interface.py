@@ -14,7 +14,7 @@ from fedmem.agent.memview import (Layout, MemoryStore, MemViewInterface, PaperSc
                                   Vocabulary, plan_charges, policy_from_dict, store_from_dict)
 from fedmem.agent.memview.interface import first_attribute_only
 from fedmem.attacks.audit import histogram_epsilon_lower_bound
-from fedmem.bench import pairedmem as pm
+from fedmem.experiments import pairedmem as pm
 from fedmem.dp import DurableStore, ExponentialMechanism
 from fedmem.errors import ContractViolation
 
