@@ -17,6 +17,7 @@ import numpy as np
 
 from fedmem import _validate as V
 from fedmem.agent.client import AgentClient, AgentConfig
+from fedmem.agent.lifecycle import close_actors, reopen_agent_ledger
 
 
 @dataclass
@@ -228,37 +229,6 @@ class ActorSession:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def reopen_agent_ledger(session, user: str):
-    """A fresh :class:`AgentLedger` on ``user``'s files in ``session`` (either session mode:
-    both keep ``worlds``, ``ledger_paths``, ``config``, ``fed_path``, ``fed_info`` and
-    ``principals``); what survives the agent's process or the driver."""
-    from fedmem.agent.client import AgentLedger
-    from fedmem.dp import DurableStore
-
-    w = next(w for w in session.worlds if w.user == user)
-    return AgentLedger(user, DurableStore(session.ledger_paths[user]), session.config, w.pair.policy.attributes,
-                       federation_store=DurableStore(session.fed_path),
-                       federation_accountant=session.fed_info["accountant"],
-                       principal=session.principals[user], federation_delta=session.fed_info["delta"])
-
-
-def close_actors(fed, handles) -> None:
-    """Close the FederationService ``fed`` (if any), then kill every actor in ``handles``;
-    best effort: a session's close never raises (both session modes end this way)."""
-    import ray
-
-    if fed is not None:
-        try:
-            ray.get(fed.close.remote(), timeout=30)
-        except Exception:  # noqa: BLE001
-            pass
-    for h in handles:
-        try:
-            ray.kill(h, no_restart=True)
-        except Exception:  # noqa: BLE001
-            pass
 
 
 MODES = ("isolated", "cluster")

@@ -279,7 +279,7 @@ class IsolatedSession:
                 "projectors": ray.get([p.stats.remote() for p in self.projectors])}
 
     def reopen_ledger(self, user: str):
-        from fedmem.agent.session import reopen_agent_ledger
+        from fedmem.agent.lifecycle import reopen_agent_ledger
 
         return reopen_agent_ledger(self, user)
 
@@ -330,7 +330,7 @@ class IsolatedSession:
             import shutil
 
             shutil.rmtree(self._sockdir, ignore_errors=True)
-        from fedmem.agent.session import close_actors
+        from fedmem.agent.lifecycle import close_actors
 
         close_actors(getattr(self, "fed", None), self._handles)
         self._handles = []

@@ -22,7 +22,7 @@ PR_SET_PDEATHSIG = 1
 # this package need no entry: the zygote's own first import (``from fedmem.agent.isolated import
 # zygote_main``) runs the package ``__init__``, which imports all of them before any fork.
 PRELOAD = ("getpass", "glob", "html", "html.entities", "shlex", "termios", "timeit", "uuid", "bdb", "xml.dom.minidom",
-           "importlib.resources.readers", "encodings.idna", "sqlite3", "hashlib", "secrets", "traceback", "fedmem.bench.pairedmem",
+           "importlib.resources.readers", "encodings.idna", "sqlite3", "hashlib", "secrets", "traceback", "fedmem.bench.pairedmem", "fedmem.experiments.pairedmem",
            "fedmem.bench.shards", "fedmem.dp", "dp_accounting.rdp", "dp_accounting.pld", "fedmem.agent.actors",
            "fedmem.agent.session", "fedmem.agent.federation_service", "fedmem.federation.engine", "scipy.stats",
            "pytest")
