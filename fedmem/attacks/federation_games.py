@@ -249,6 +249,16 @@ def booked_per_world(g: dict) -> tuple[float, float, float]:
     return bp, bn, min(bp, bn)
 
 
+def booked_mu_per_world(g: dict) -> float | None:
+    """The exact GDP ``mu`` a row is judged against when every trial of both worlds booked Gaussian
+    events only (else ``None``): per world the most one trial booked, and the smaller of the two
+    worlds, as :func:`booked_per_world` does for epsilon."""
+    mp, mn = g.get("mu_pos") or [], g.get("mu_neg") or []
+    if not mp or not mn or any(m is None for m in mp + mn):
+        return None
+    return float(min(max(mp), max(mn)))
+
+
 def has_support_event(resp) -> bool:
     """The response's booked event has a support part besides the value (aggregator plan order)."""
     from fedmem.attacks.observable import support_events

@@ -173,7 +173,7 @@ class _VerdictRows:
         self.defended: list[bool] = []
         self.verdicts: list = []
 
-    def add(self, engine, observer, est, pos, neg, booked, defended, sampling=None, extra=None):
+    def add(self, engine, observer, est, pos, neg, booked, defended, sampling=None, extra=None, mu_booked=None):
         from fedmem.attacks.support import membership_report, reconstruction_report
         from fedmem.attacks.verdict import judge, sampler_label
 
@@ -183,7 +183,7 @@ class _VerdictRows:
         mem = membership_report(pos, neg, delta=f.delta, rng=mrng, epsilon_claim=booked if booked > 0 else math.inf,
                                 alpha=a.alpha)
         v = judge(pos, neg, booked, f.delta if booked > 0 else 0.0, alpha=a.alpha,
-                  rng=np.random.default_rng(mrng.integers(2 ** 31)))
+                  rng=np.random.default_rng(mrng.integers(2 ** 31)), mu_booked=mu_booked if booked > 0 else None)
         self.verdicts.append(v)
         float_label = sampler_label(sampling) if sampling is not None else None
         text = v.text + (f"; {float_label}" if float_label else "")
@@ -211,6 +211,7 @@ def _flower_observer_rows(runs: dict, plan: _Plan, f, table: _VerdictRows) -> No
     for key, recs in ((k, r["records"]) for k, r in runs.items()):
         gw = runs[key]["gateway"]
         booked = gw["epsilon_per_round"] if gw else 0.0
+        mu_booked = gw.get("mu_per_round") if gw else None    # Gaussian-only booking: the GDP test too
         inner_views = runs[key].get("aggregates", {})
         observers = [("server", "server strategy: reply set, num_examples")]
         if gw:
@@ -245,7 +246,8 @@ def _flower_observer_rows(runs: dict, plan: _Plan, f, table: _VerdictRows) -> No
             table.add(engine, obs_label, est, pos, neg, booked,
                       defended if who != "server" else gw is not None,
                       sampling=sampling if who == "agent" else None,
-                      extra={"answered": answered if who != "server" else None})
+                      extra={"answered": answered if who != "server" else None},
+                      mu_booked=mu_booked if who != "server" else None)
 
 
 def _ray_engine_rows(ray_out: dict, cfg, truths, metrics: dict, table: _VerdictRows) -> None:
@@ -257,11 +259,13 @@ def _ray_engine_rows(ray_out: dict, cfg, truths, metrics: dict, table: _VerdictR
         x = ray_out[variant]
         config = column_config(f, cfg.ray_engine, variant)
         booked = float(max(x["booked"])) if x["booked"] else 0.0
+        mus = x.get("mu") or []
+        mu_booked = float(max(mus)) if mus and all(m is not None for m in mus) else None   # Gaussian-only
         metrics.setdefault("ray_engine_configs", {})[variant] = config_summary(config)
         label = ("Ray engine, undefended (exact receipts, gateway off)" if variant == "undefended" else
                  f"Ray engine, defended (noised receipts sigma {cfg.ray_engine.receipt_sigma:g}, gateway on)")
         table.add(label, "querying agent: Response (value, receipts)",
-                  x["estimates"], x["pos"], x["neg"], booked, variant == "defended",
+                  x["estimates"], x["pos"], x["neg"], booked, variant == "defended", mu_booked=mu_booked,
                   extra={"truth_mismatches_vs_flower": int(sum(t1 != t2 for t1, t2 in zip(x["truths"], truths))),
                          "refused": x["refused"], "wall_s": x["wall_s"]})
 

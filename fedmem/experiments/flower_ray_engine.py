@@ -35,10 +35,11 @@ CONFIGS = ("undefended", "defended")
 def repeat_with_fresh_principals(fed, q, trials: int):
     """``trials`` copies of query ``q``, each from its own fresh principal, in one batch.
 
-    Returns (responses or refusals, the epsilon the federation booked for each principal)."""
+    Returns (responses or refusals, ``(epsilon, mu)`` the federation booked for each principal;
+    ``mu`` the exact GDP parameter when that booking is Gaussian only, else None)."""
     pids = [fed.connect().principal for _ in range(trials)]
     got = fed.retrieve_many(np.repeat(np.asarray(q, dtype=np.float64)[None], trials, axis=0), principal=pids)
-    return got, [fed.gateway.principal_spent(p) for p in pids]
+    return got, [(fed.gateway.principal_spent(p), fed.gateway.principal_gdp_mu(p)) for p in pids]
 
 
 def column_config(f, r, variant: str):
@@ -85,7 +86,7 @@ def run_ray_engine(f, r, data, targets, queries, repeats: int, *, rng_for, ray_a
         for variant in CONFIGS:
             t0 = time.perf_counter()
             config = column_config(f, r, variant)
-            res = {"estimates": [], "truths": [], "channels": [], "pos": [], "neg": [], "booked": [],
+            res = {"estimates": [], "truths": [], "channels": [], "pos": [], "neg": [], "booked": [], "mu": [],
                    "answered": 0, "refused": 0}
             fed = Federation(config, data, accountant=Accountant("rdp"), rng=rng_for("ray", variant, "recon"),
                              parties=parties)
@@ -119,11 +120,12 @@ def run_ray_engine(f, r, data, targets, queries, repeats: int, *, rng_for, ray_a
                     reference = None if isinstance(refs[0], Exception) else refs[0]
                     for w, fed in feds.items():
                         got, booked = repeat_with_fresh_principals(fed, key, repeats)
-                        for resp, e in zip(got, booked):
+                        for resp, (e, mu) in zip(got, booked):
                             (res["pos"] if w == "with" else res["neg"]).append(
                                 differencing_score(None if isinstance(resp, Exception) else resp, reference,
                                                    tg["shard"]))
                             res["booked"].append(e)
+                            res["mu"].append(mu)
                 finally:
                     for fed in feds.values():
                         fed.close()

@@ -158,9 +158,10 @@ def run_reconstruction(f: FederationConfig, a: AttackParams, data, fed, acc, rng
 
 def _ask_trials(fed, qs, per_trial: int, max_batch: int):
     """Ask ``qs`` in trials of ``per_trial`` consecutive queries, each trial from its own fresh
-    principal, batched across principals. Returns (observations, epsilon booked per trial), the
+    principal, batched across principals. Returns (observations, what each trial booked), the
     latter read from the federation's own per-principal accountant (what it charged, not what
-    the responses claim)."""
+    the responses claim): ``(epsilon, mu)`` per trial, ``mu`` the exact GDP parameter when
+    everything the trial booked is Gaussian, else None."""
     qs = np.asarray(qs, dtype=np.float64)
     n_trials = qs.shape[0] // per_trial
     pids = [fed.connect().principal for _ in range(n_trials)]
@@ -170,7 +171,7 @@ def _ask_trials(fed, qs, per_trial: int, max_batch: int):
         t0 = time.perf_counter()
         got = fed.retrieve_many(qs[i:i + max_batch], principal=plist[i:i + max_batch])
         obs += observations(got, (time.perf_counter() - t0) / max(1, len(got)))
-    return obs, [fed.gateway.principal_spent(p) for p in pids]
+    return obs, [(fed.gateway.principal_spent(p), fed.gateway.principal_gdp_mu(p)) for p in pids]
 
 
 def _count_fn(data, f):
@@ -251,7 +252,7 @@ def run_games(f: FederationConfig, a: AttackParams, data, new_federation: NewFed
                 single, booked = _ask_trials(fed, np.repeat(key[None], R, axis=0), 1, mb)
                 out["queries"] += len(single)
                 out["refused"][w] += sum(not o.answered for o in single)
-                out["eps_one"] += [e for o, e in zip(single, booked) if o.answered]
+                out["eps_one"] += [e for o, (e, _) in zip(single, booked) if o.answered]
                 if w == "with":
                     out["n_target"].append(int(fed.ground_truth(key).count))
                 for o, e in zip(single, booked):
@@ -290,7 +291,9 @@ def run_games(f: FederationConfig, a: AttackParams, data, new_federation: NewFed
                         client = feds[w].connect()
                         o = O.observe_one(client, key)
                         out["timing"]["pos" if w == "with" else "neg"].append(O.latency_score(o))
-                        _book(out["timing"], "pos" if w == "with" else "neg", client.epsilon_spent)
+                        label = feds[w].gateway.resolve(client.principal)
+                        _book(out["timing"], "pos" if w == "with" else "neg",
+                              (client.epsilon_spent, feds[w].gateway.principal_gdp_mu(label)))
                         out["queries"] += 1
         finally:
             for fed in feds.values():
@@ -298,11 +301,13 @@ def run_games(f: FederationConfig, a: AttackParams, data, new_federation: NewFed
     return out
 
 
-def _book(g: dict, tag: str, eps: float) -> None:
-    """Record what one trial booked, per world (each world's attack is judged against what that
-    world booked: :func:`booked_per_world`)."""
+def _book(g: dict, tag: str, booked: tuple) -> None:
+    """Record what one trial booked, ``(epsilon, mu or None)``, per world (each world's attack is
+    judged against what that world booked: :func:`booked_per_world`, :func:`booked_mu_per_world`)."""
+    eps, mu = booked
     g["booked"].append(eps)
     g["booked_pos" if tag == "pos" else "booked_neg"].append(eps)
+    g.setdefault("mu_pos" if tag == "pos" else "mu_neg", []).append(mu)
 
 
 def run_spreading(config: FederationConfig, a: AttackParams, data, new_federation: NewFederation,

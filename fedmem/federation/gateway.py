@@ -71,6 +71,7 @@ from dataclasses import dataclass
 
 from fedmem import _validate as V
 from fedmem.dp import Accountant, book_together
+from fedmem.dp.events import gaussian_mu
 from fedmem.errors import SupportPrivacyViolation
 from fedmem.federation.aggregator import ReleasePlan
 
@@ -278,6 +279,15 @@ class Gateway:
     def principal_spent(self, principal: str) -> float:
         acc = self.principal_accountant(principal)
         return acc.spent(self.delta) if acc.count else 0.0
+
+    def principal_gdp_mu(self, principal: str) -> float | None:
+        """``mu`` of everything booked to ``principal`` when it is Gaussian only (exactly ``mu``-GDP,
+        :func:`fedmem.dp.events.gaussian_mu`); 0 if nothing was booked; ``None`` if any booked
+        event is not Gaussian (operator / evaluation side: the attack reports judge with it)."""
+        mus = [gaussian_mu(b.event) for b in self.principal_accountant(principal).history]
+        if any(m is None for m in mus):
+            return None
+        return math.sqrt(sum(m * m for m in mus))
 
     # ------------------------------------------------------------------ decision
     def decide(self, query_id: int, principal: str, family: str, retry_of: int | None,

@@ -100,6 +100,7 @@ def _run(spec: dict) -> dict:
 
     from fedmem._ray import local_options
     from fedmem.dp import Accountant, DurableStore
+    from fedmem.dp.events import gaussian_mu
     from fedmem.flower.apps import QueryStrategy, Recorder, make_client_app
     from fedmem.flower.fixedpoint import SecAggGrid
     from fedmem.flower.gateway import SupportGatewayStrategy
@@ -177,6 +178,7 @@ def _run(spec: dict) -> dict:
     if gw is not None:
         out["gateway"] = {"audit": [r.__dict__ for r in gw.audit], "principal": gw.principal,
                           "multiplier": gw.multiplier, "epsilon_per_round": gw.epsilon_per_round,
+                          "mu_per_round": gaussian_mu(gw.plan.event()),   # exact GDP of one round's booking
                           "sampling": gw.sampling,
                           "spent": gw.gateway.principal_spent(gw.principal),
                           "total_spent": gw.gateway.accountant.spent(spec["delta"]) if gw.gateway.accountant.count
