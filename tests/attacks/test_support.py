@@ -1,4 +1,5 @@
-"""Attack functions on synthetic responses: they beat chance on leaky data, never on safe data."""
+"""The support-leak attacks (fedmem.attacks.support) on synthetic responses: they beat chance on leaky
+data, never on safe data."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import numpy as np
 import pytest
 
 from fedmem.attacks import support as S
-from fedmem.attacks.adaptive import AdaptiveAdversary
 from fedmem.dp import GaussianMechanism
 
 
@@ -231,110 +231,3 @@ def test_bad_inputs_raise_named_errors(rng):
         S.reconstruction_report([1, 2], [1])
     with pytest.raises(ValueError, match="non-zero"):
         S.value_score(Resp(np.ones(3)), np.zeros(3))
-
-
-# ------------------------------------------------------------------ adversary
-def _fake_engine(centres, shards=40):
-    """Support grows as the query approaches a centre: n = #shards with cos > 0.5 ... synthetic."""
-    owners = np.arange(shards) % len(centres)
-
-    def answer(q):
-        sims = centres @ q
-        radius = np.clip((sims[owners] - 0.2) * 1.4, 0, 1)
-        tallies = (radius > np.linspace(0.05, 0.95, shards)).astype(int)
-        return Resp(np.zeros(8), float(tallies.sum()), tallies)
-
-    return answer
-
-
-def test_adaptive_adversary_probes_then_refines(rng):
-    d = 16
-    centres = rng.normal(size=(4, d))
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    engine = _fake_engine(centres)
-    adv = AdaptiveAdversary(centres + 0.1 * rng.normal(size=centres.shape), np.random.default_rng(1),
-                            shards=40, k_local=5)
-    seen = []
-    for _ in range(60):
-        p = adv.next_query()
-        assert p.q.shape == (d,) and np.isclose(np.linalg.norm(p.q), 1.0)
-        seen.append(adv.observe(p, engine(p.q)))
-    assert [adv.log[i][1] for i in range(4)] == [f"family-{i}" for i in range(4)]  # probe pass
-    assert len(set(seen)) > 5                      # it explores a range of supports
-    # deterministic given the injected rng
-    adv2 = AdaptiveAdversary(centres + 0.0, np.random.default_rng(1), shards=40, k_local=5)
-    adv3 = AdaptiveAdversary(centres + 0.0, np.random.default_rng(1), shards=40, k_local=5)
-    for _ in range(10):
-        a, b = adv2.next_query(), adv3.next_query()
-        assert np.array_equal(a.q, b.q)
-        adv2.observe(a, engine(a.q)), adv3.observe(b, engine(b.q))
-
-
-def test_adaptive_adversary_requeries_rejected_family_as_declared_retry(rng):
-    centres = np.eye(3)
-    adv = AdaptiveAdversary(centres, np.random.default_rng(2), shards=10, k_local=2)
-    first = adv.next_query()
-    adv.observe(first, None)                     # refused by the gateway
-    retry = adv.next_query()
-    assert retry.retry_of == first.index and retry.family == first.family
-    adv.observe(retry, None)
-    nxt = adv.next_query()
-    assert nxt.retry_of is None                  # retried once only
-    silent = AdaptiveAdversary(centres, np.random.default_rng(2), shards=10, k_local=2, declare_retries=False)
-    f = silent.next_query()
-    silent.observe(f, None)
-    assert silent.next_query().retry_of is None
-
-
-def test_adaptive_adversary_validates():
-    with pytest.raises(TypeError, match="rng"):
-        AdaptiveAdversary(np.eye(3), 0, shards=3, k_local=1)
-    with pytest.raises(ValueError, match="explore"):
-        AdaptiveAdversary(np.eye(3), np.random.default_rng(0), shards=3, k_local=1, explore=2.0)
-    with pytest.raises(ValueError, match="anchors"):
-        AdaptiveAdversary(np.ones(3), np.random.default_rng(0), shards=3, k_local=1)
-
-
-
-# ------------------------------------------------------------------ declared public facts
-def _topk_answers(data, k_local: int, k: int) -> bool:
-    """The engine's public-count decision (fedmem.federation.engine): top-k answers with a public
-    denominator only when the shards hold k candidates."""
-    return int(np.minimum(data.sizes, k_local).sum()) >= k
-
-
-def test_replace_one_neighbours_keep_shard_sizes_public():
-    """A federation holding k-1 candidates: with add/remove neighbours the target's presence flips
-    the top-k decision (a channel decided from shard sizes); with replace-one neighbours (the games'
-    default: shard sizes are a declared public parameter) both worlds decide alike."""
-    from fedmem.attacks.federation_games import neighbours
-    from fedmem.bench.shards import make_clustered_shards, without_record
-
-    rng = np.random.default_rng(0)
-    data = make_clustered_shards(2, 3, 8, 4, 1.0, rng, clusters=2)
-    small = without_record(data, 0, 0)                     # sizes (2, 3): 5 candidates, k = 6
-    key, value = rng.standard_normal(8), rng.standard_normal(4)
-    value /= np.linalg.norm(value)
-    ar = neighbours(small, 0, key, value, "add-remove", rng)
-    assert _topk_answers(ar["with"], 3, 6) and not _topk_answers(ar["without"], 3, 6)
-    r1 = neighbours(small, 0, key, value, "replace-one", rng)
-    assert np.array_equal(r1["with"].sizes, r1["without"].sizes)
-    assert _topk_answers(r1["with"], 3, 6) == _topk_answers(r1["without"], 3, 6)
-    filler = r1["without"].keys[0][-1]
-    assert abs(float(filler @ key) / np.linalg.norm(key)) < 1e-9    # orthogonal: not what the query selects
-    with pytest.raises(ValueError, match="relation"):
-        neighbours(small, 0, key, value, "swap", rng)
-
-
-def test_each_world_is_judged_against_its_own_booking():
-    """A world that booked 0 (it refused) is not judged against the other world's booking."""
-    from fedmem.attacks.federation_games import booked_per_world
-    from fedmem.attacks.verdict import judge
-
-    g = {"booked_pos": [4.25] * 60, "booked_neg": [0.0] * 60}
-    bp, bn, b = booked_per_world(g)
-    assert (bp, bn, b) == (4.25, 0.0, 0.0)
-    pos, neg = np.ones(60), np.zeros(60)                  # answered vs refused: exact separation
-    assert judge(pos, neg, b).label == "LEAK"
-    # the old rule (max over both worlds) read the same channel as no leak
-    assert judge(pos, neg, max(bp, bn)).label != "LEAK"
