@@ -4,13 +4,13 @@ on distinct nodes), and :class:`CryptenParties`, the driver-side handle."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import numpy as np
 
 from fedmem import _validate as V
 from fedmem.errors import MpcFailure
+from fedmem.federation.mpc.endpoints import free_port, ifname_for, node_ip, url_host
 from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, _unseal, assemble
 from fedmem.federation.mpc.networks import IMPLS, PROVIDERS, _secure_program
 from fedmem.federation.parties import Parties
@@ -47,17 +47,17 @@ class _CryptenParty:
         """Where this party runs: ``{"node_id", "ip", "pid"}`` (public placement facts)."""
         import ray
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": _node_ip(), "pid": os.getpid()}
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": node_ip(), "pid": os.getpid()}
 
     def endpoint(self) -> str:
         """Rank 0 only: ``tcp://<this node's IP>:<free port on it>`` for the CrypTen rendezvous."""
-        ip = _node_ip()
-        return f"tcp://{_url_host(ip)}:{_free_port(ip)}"
+        ip = node_ip()
+        return f"tcp://{url_host(ip)}:{free_port(ip)}"
 
     def _env(self, rank: int, rendezvous: str):
         env = {"RANK": str(rank), "WORLD_SIZE": str(self.world_size), "RENDEZVOUS": rendezvous,
                "DISTRIBUTED_BACKEND": "gloo"}
-        ifname = os.environ.get("FEDMEM_GLOO_IFNAME") or _ifname_for(_node_ip())
+        ifname = os.environ.get("FEDMEM_GLOO_IFNAME") or ifname_for(node_ip())
         if ifname:
             env["GLOO_SOCKET_IFNAME"] = ifname
         os.environ.update(env)
@@ -180,36 +180,6 @@ class _CryptenParty:
 
         crypten.uninit()
         return True
-
-
-def _node_ip() -> str:
-    import ray
-
-    return ray.util.get_node_ip_address()
-
-
-def _url_host(ip: str) -> str:
-    return f"[{ip}]" if ":" in ip else ip
-
-
-def _free_port(ip: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``ip`` right now (this node's address)."""
-    fam = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    with socket.socket(fam, socket.SOCK_STREAM) as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
-
-
-def _ifname_for(ip: str) -> str | None:
-    """The network interface that carries ``ip`` (gloo must bind there), or None if unknown."""
-    try:
-        import psutil
-    except ImportError:  # psutil is optional (not every Ray install has it): gloo then picks its default
-        return None      # interface; FEDMEM_GLOO_IFNAME overrides
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address.split("%")[0] == ip for a in addrs):
-            return name
-    return None
 
 
 class SharedNodeWarning(UserWarning):
