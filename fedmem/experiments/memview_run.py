@@ -15,7 +15,8 @@ from fedmem.agent.llm import ECHO_MARK, OpenAICompatibleResponder, TemplateRespo
 from fedmem.agent.memview.baselines import DP_METHODS, run_method
 from fedmem.agent.memview.scorer import PaperScorer, PhraseLexicon
 from fedmem.agent.memview.interface import _share
-from fedmem.attacks.memview_auditor import (audit, extra_selection_llr, macro_auc_ci, prefix_features, score_audit,
+from fedmem.attacks.ablation_auditor import extra_selection_llr
+from fedmem.attacks.memview_auditor import (audit, macro_auc_ci, prefix_features, score_audit,
                                            view_audit, view_events)
 from fedmem.dp import DurableStore
 from fedmem.embeddings import shared_embedder

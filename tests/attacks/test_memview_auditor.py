@@ -10,7 +10,8 @@ import pytest
 
 from fedmem.agent.memview.baselines import run_method
 from fedmem.agent.memview.scorer import PaperScorer, PhraseLexicon
-from fedmem.attacks.memview_auditor import (AuditResult, CalibratedAuditor, ViewLikelihoodAuditor, extra_selection_llr,
+from fedmem.attacks.ablation_auditor import extra_selection_llr
+from fedmem.attacks.memview_auditor import (AuditResult, CalibratedAuditor, ViewLikelihoodAuditor,
                                             fit_platt, score_audit,
                                             macro_auc_ci, paired_auc_difference, target_view_count, view_audit,
                                             view_events)
