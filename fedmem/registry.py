@@ -5,11 +5,19 @@ Modules are imported only when a scenario of their family runs, so ``fedmem list
 validation errors stay fast and do not start Ray, torch or CrypTen. ``KINDS`` names
 every kind without importing anything (for error messages); ``tests/test_registry.py``
 checks that it matches what the modules define.
+
+:func:`load_scenario` (read a scenario file, apply overrides, look its kind up, validate) lives
+here, above ``fedmem.scenario`` (moved from there: the scenario layer no longer imports the
+registry, so there is no scenario -> registry -> experiments -> scenario cycle).
 """
 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
+
+from fedmem.errors import ScenarioError
+from fedmem.scenario import Config, Scenario, apply_overrides, full_schema, memory_problems, read_toml, validate_data
 
 FAMILIES: dict[str, str] = {
     "dp": "fedmem.experiments.dp_demo",
@@ -50,3 +58,30 @@ def get_experiment(kind: str):
 
 def known_kinds() -> list[str]:
     return [k for kinds in KINDS.values() for k in kinds]
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Read, override, validate. Raises ScenarioError listing every problem."""
+    path = Path(path)
+    overrides = list(overrides or [])
+    data = read_toml(path)
+    problems: list[tuple[str, str]] = []
+    apply_overrides(data, overrides, problems)
+    kind = data.get("kind")
+    if not isinstance(kind, str):
+        problems.append(("kind", f"missing or not a string (one of: {', '.join(known_kinds())})"))
+        raise ScenarioError([(f"{path}: {loc}", msg) for loc, msg in problems])
+    try:
+        experiment = get_experiment(kind)
+    except KeyError:
+        problems.append(("kind", f"unknown experiment {kind!r} (one of: {', '.join(known_kinds())})"))
+        raise ScenarioError([(f"{path}: {loc}", msg) for loc, msg in problems]) from None
+    out: dict = {}
+    validate_data(data, full_schema(experiment), "", problems, out)
+    if not problems and experiment.cross_checks is not None:
+        problems.extend(experiment.cross_checks(Config(out)))
+    if not problems and experiment.memory is not None:
+        problems.extend(memory_problems(experiment.memory(Config(out))))
+    if problems:
+        raise ScenarioError([(loc if loc.startswith("--set") else f"{path}: {loc}", msg) for loc, msg in problems])
+    return Scenario(path=path, experiment=experiment, config=Config(out), overrides=overrides)

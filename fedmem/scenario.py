@@ -5,6 +5,9 @@ registered experiment (``"<family>.<name>"``, e.g. ``"federation.support_leak"``
 experiment declares a schema of nested sections of :class:`Param`. Loading reports
 **every** problem at once (unknown keys, missing keys, wrong types, impossible values,
 cross-field conflicts) as a :class:`~fedmem.errors.ScenarioError` with file and key.
+:func:`fedmem.registry.load_scenario` reads a file and looks its kind up (it lives beside the
+registry, so this module never imports the registry: no scenario -> registry -> experiments
+-> scenario cycle); this module holds the schema, the validation and the overrides it uses.
 
 Every scenario also has the common keys ``kind``, ``name``, ``description`` and
 ``seed`` (the seed of every RNG in the run, so a run is reproducible).
@@ -113,7 +116,9 @@ class Scenario:
 
 
 # ---------------------------------------------------------------- validation
-def _validate(data: Mapping, schema: Schema, prefix: str, problems: list, out: dict) -> None:
+def validate_data(data: Mapping, schema: Schema, prefix: str, problems: list, out: dict) -> None:
+    """Check ``data`` against ``schema`` (recursively), appending ``(key, message)`` to ``problems``
+    and the coerced values (defaults filled in) to ``out``."""
     for key in data:
         if key not in schema:
             known = ", ".join(sorted(schema)) or "(none)"
@@ -126,7 +131,7 @@ def _validate(data: Mapping, schema: Schema, prefix: str, problems: list, out: d
                 problems.append((loc, f"must be a table [{loc}], found {type(sub).__name__}"))
                 continue
             out[key] = {}
-            _validate(sub, spec, loc + ".", problems, out[key])
+            validate_data(sub, spec, loc + ".", problems, out[key])
             continue
         if key not in data:
             if spec.required:
@@ -218,35 +223,6 @@ def read_toml(path: Path) -> dict:
         raise ScenarioError([(str(path), f"not valid TOML: {exc}")]) from None
     except UnicodeDecodeError as exc:
         raise ScenarioError([(str(path), f"not UTF-8 text: {exc}")]) from None
-
-
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    """Read, override, validate. Raises ScenarioError listing every problem."""
-    from fedmem.registry import get_experiment, known_kinds
-
-    path = Path(path)
-    overrides = list(overrides or [])
-    data = read_toml(path)
-    problems: list[tuple[str, str]] = []
-    apply_overrides(data, overrides, problems)
-    kind = data.get("kind")
-    if not isinstance(kind, str):
-        problems.append(("kind", f"missing or not a string (one of: {', '.join(known_kinds())})"))
-        raise ScenarioError([(f"{path}: {loc}", msg) for loc, msg in problems])
-    try:
-        experiment = get_experiment(kind)
-    except KeyError:
-        problems.append(("kind", f"unknown experiment {kind!r} (one of: {', '.join(known_kinds())})"))
-        raise ScenarioError([(f"{path}: {loc}", msg) for loc, msg in problems]) from None
-    out: dict = {}
-    _validate(data, full_schema(experiment), "", problems, out)
-    if not problems and experiment.cross_checks is not None:
-        problems.extend(experiment.cross_checks(Config(out)))
-    if not problems and experiment.memory is not None:
-        problems.extend(memory_problems(experiment.memory(Config(out))))
-    if problems:
-        raise ScenarioError([(loc if loc.startswith("--set") else f"{path}: {loc}", msg) for loc, msg in problems])
-    return Scenario(path=path, experiment=experiment, config=Config(out), overrides=overrides)
 
 
 def memory_problems(estimates) -> list[tuple[str, str]]:

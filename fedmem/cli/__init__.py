@@ -88,7 +88,7 @@ def run_scenario(path, overrides=(), out=None, as_json=False, ray_address=None, 
     A non-empty ``out`` folder is refused (:class:`UsageError`) unless ``resume``: its
     durable ledgers/accountants would carry over into this run.
     """
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     scenario = load_scenario(find_scenario(path), list(overrides))
     return run_loaded(scenario, out, as_json, ray_address, show_progress, resume)
@@ -129,7 +129,7 @@ def resource_message(exc: BaseException, config=None) -> str:
 
 
 def cmd_run(args) -> int:
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     if args.resume and not args.out:
         raise UsageError("--resume needs --out <the run folder to continue>")
@@ -160,7 +160,7 @@ def cmd_run(args) -> int:
 
 def cmd_validate(args) -> int:
     """Check scenario files (paths or bundled names) without running anything: exit 0 when all are valid."""
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     bad = 0
     for f in args.files:
@@ -215,9 +215,9 @@ def cmd_list(args) -> int:
 def cmd_show(args) -> int:
     """``fedmem show KIND``: every key of a kind. ``fedmem show SCENARIO`` (a bundled name or a file):
     the scenario's resolved keys (defaults filled in), and where it is."""
-    from fedmem.registry import get_experiment, known_kinds
+    from fedmem.registry import get_experiment, known_kinds, load_scenario
     from fedmem.report import make_console, print_table
-    from fedmem.scenario import describe_schema, full_schema, load_scenario
+    from fedmem.scenario import describe_schema, full_schema
 
     if args.kind in known_kinds():
         exp = get_experiment(args.kind)
