@@ -34,7 +34,7 @@ from fedmem.agent.memview.baselines import ALL_METHODS  # noqa: E402
 from fedmem.experiments.memview import Bench  # noqa: E402
 from fedmem.embeddings import SentenceEmbedder  # noqa: E402
 from fedmem.report import RunContext  # noqa: E402
-from fedmem.scenario import load_scenario  # noqa: E402
+from fedmem.registry import load_scenario  # noqa: E402
 
 
 def main() -> None:

@@ -116,7 +116,7 @@ def test_ledgers_survive_sigkill_of_the_driver(tmp_path, projector, ray_local, s
                                            ("agents.n=0", "agents.n")])
 def test_bad_agent_configuration_names_file_and_key(override, key):
     from fedmem.errors import ScenarioError
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     path = Path(__file__).resolve().parents[2] / "scenarios" / "agents_session.toml"
     with pytest.raises(ScenarioError) as info:
@@ -192,7 +192,7 @@ def test_peer_game_within_booked_epsilon_and_catches_a_leaky_federation(tmp_path
 
 def test_agents_that_cannot_all_be_placed_are_refused_at_load():
     from fedmem.errors import ScenarioError
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     path = Path(__file__).resolve().parents[2] / "scenarios" / "agents_session.toml"
     with pytest.raises(ScenarioError) as info:

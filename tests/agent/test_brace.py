@@ -349,7 +349,7 @@ def test_digits_scenario_runs_small(tmp_path):
 
 def test_scenario_rejects_gamma_violating_eq8():
     from fedmem.errors import ScenarioError
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     with pytest.raises(ScenarioError, match="violates Eq. \\(8\\)"):
         load_scenario("scenarios/brace_digits.toml", ["mechanism.gamma=0.25"])
@@ -606,7 +606,7 @@ def test_box_search_is_strictly_tighter_where_the_old_bound_was_2r():
 
 def test_synthetic_scenario_rejects_bad_placement_keys():
     from fedmem.errors import ScenarioError
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     for override, match in (("query.placement=corner", "placement"), ("query.search_box=[0.5, 0.1]", "search_box"),
                             ("mechanism.certificate_bound=exact", "certificate_bound")):

@@ -16,7 +16,7 @@ import pytest
 from fedmem.experiments import audit as AU
 from fedmem.registry import get_experiment
 from fedmem.report import RunContext
-from fedmem.scenario import load_scenario
+from fedmem.registry import load_scenario
 
 SMALL = ["audit.trials=20000", "audit.broken_trials=4000", "aggregator.deployed=50", "audit.plots=false",
          "flower.enabled=false", "brace.enabled=false",

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # ---------------------------------------------------------------- the scenario kind: keys and the Ray column
 def test_scenario_keys_are_validated_with_their_names(tmp_path):
     from fedmem.errors import ScenarioError
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     path = ROOT / "scenarios" / "flower_support_leak.toml"
     sc = load_scenario(path)

@@ -18,7 +18,7 @@ from fedmem.attacks.memview_auditor import audit, prefix_features
 from fedmem.experiments import pairedmem as pm
 from fedmem.errors import ScenarioError
 from fedmem.report import RunContext
-from fedmem.scenario import load_scenario
+from fedmem.registry import load_scenario
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ def test_truncated_scenario_never_runs_on_security_defaults(tmp_path, capsys):
 
 
 def test_shipped_scenarios_validate():
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     files = sorted(SCEN.glob("support_leak_40*.toml"))
     assert len(files) == 5

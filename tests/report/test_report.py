@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from fedmem import report as R
 from fedmem.report import Result, RunContext, Table, write_run
-from fedmem.scenario import dump_toml, load_scenario
+from fedmem.registry import load_scenario
+from fedmem.scenario import dump_toml
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "scenarios" / "dp_demo.toml"

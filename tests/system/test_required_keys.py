@@ -18,7 +18,7 @@ import tomli_w
 
 from fedmem.errors import ScenarioError
 from fedmem.registry import get_experiment
-from fedmem.scenario import load_scenario
+from fedmem.registry import load_scenario
 
 SCEN = Path(__file__).resolve().parents[2] / "scenarios"
 

@@ -198,7 +198,7 @@ def test_scenario_name_must_stay_inside_runs(name, message):
     from pathlib import Path
 
     from fedmem.errors import ScenarioError
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     demo = Path(__file__).resolve().parents[2] / "scenarios" / "dp_demo.toml"
     with pytest.raises(ScenarioError) as info:
@@ -212,7 +212,7 @@ def test_scenario_name_must_stay_inside_runs(name, message):
 def test_ordinary_scenario_names_accepted(name):
     from pathlib import Path
 
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     demo = Path(__file__).resolve().parents[2] / "scenarios" / "dp_demo.toml"
     assert load_scenario(demo, [f'name="{name}"']).name == name
@@ -230,7 +230,7 @@ def test_federation_config_and_scenario_reject_alike(name, value):
     refused by both with the same message (naming the key and the value)."""
     from fedmem.errors import ScenarioError
     from fedmem.federation.config import FederationConfig
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     with pytest.raises(ValueError) as api:
         FederationConfig(**{name: value})
@@ -258,7 +258,7 @@ def test_federation_scenario_section_is_derived_from_the_dataclass():
 def test_federation_cross_field_rules_are_shared():
     from fedmem.errors import ScenarioError
     from fedmem.federation.config import FederationConfig
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     with pytest.raises(ValueError, match="k_local=60 exceeds records_per_shard=50"):
         FederationConfig(k_local=60)
@@ -271,7 +271,7 @@ def test_brace_params_and_scenario_reject_alike(name, value):
     """BraceParams' knobs are the brace.synthetic [mechanism] keys: same value refused, same message."""
     from fedmem.agent.brace.params import BraceParams
     from fedmem.errors import ScenarioError
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     base = dict(r=0.8, T=5, epsilon=128.0, delta=1e-5, d=2, kappa=0.003)
     with pytest.raises(ValueError) as api:
@@ -298,7 +298,7 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 ])
 def test_scenario_values_that_cannot_run_are_named_by_key(scenario, override, key):
     from fedmem.errors import ScenarioError
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     with pytest.raises(ScenarioError) as info:
         load_scenario(SCENARIOS / scenario, [override])
@@ -309,7 +309,7 @@ def test_scenario_values_that_cannot_run_are_named_by_key(scenario, override, ke
 
 
 def test_infinite_budgets_and_normal_sizes_still_load():
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     sc = load_scenario(SCENARIOS / "support_leak_40.toml", ["federation.epsilon_budget=inf",
                                                             "federation.shards=10000"])

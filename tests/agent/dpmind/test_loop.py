@@ -235,7 +235,7 @@ def test_scenario_runs_shrunk(tmp_path):
 
 def test_scenario_rejects_bad_keys(tmp_path):
     from fedmem.errors import ScenarioError
-    from fedmem.scenario import load_scenario
+    from fedmem.registry import load_scenario
 
     with pytest.raises(ScenarioError) as exc:
         load_scenario("scenarios/dpmind_niah.toml", ["privacy.epsilons=[0.0]", "perturb.n_probe=999",
