@@ -28,16 +28,16 @@ output (``impl=``; ``"auto"`` picks by :func:`choose_impl` from public shapes on
 run on the raw shares through :mod:`fedmem.federation.mpc.rounds` (CrypTen's
 communicator and triple provider, independent steps fused into shared rounds):
 
-* ``rank`` (:func:`_rank_gen`, constant rounds): for all ``N(N-1)/2`` pairs ``i < j`` at
+* ``rank`` (:func:`~fedmem.federation.mpc.networks.selection.rank_gen`, constant rounds): for all ``N(N-1)/2`` pairs ``i < j`` at
   once, one vectorised secure comparison gives ``l_ij = [e_i < e_j]``. The rank of ``t``
   (number of candidates that beat it) is *linear* in the ``l``'s,
   ``rank_t = t + sum_{j > t} l_tj - sum_{i < t} l_it``, so each party computes its share
   locally; ``mask_t = [rank_t < k] * valid_t`` is one small-range comparison with the
   product fused into its last round: 15 rounds (2 parties) whatever ``k`` and ``N``.
-* ``grouped`` (:func:`_grouped_gen`, constant rounds): the same rank inside groups of
+* ``grouped`` (:func:`~fedmem.federation.mpc.networks.selection.grouped_gen`, constant rounds): the same rank inside groups of
   shards, a secret one-hot compaction of each group's top-k, and a second rank over the
   survivors: 4 comparison layers (28 rounds), ~4x fewer comparisons than ``rank`` for 40 x 5.
-* ``merge`` (:func:`_merge_gen`): sorted shard lists merged pairwise in a tree of
+* ``merge`` (:func:`~fedmem.federation.mpc.networks.selection.merge_gen`): sorted shard lists merged pairwise in a tree of
   bitonic top-K merges: O(N log^2 k) comparisons, O(log S log k) rounds; best for large
   batches and many shards.
 

@@ -51,12 +51,10 @@ import math
 
 import torch
 
-# The keystreams moved to keystreams.py; re-exported here under their old names
-# (runtime.CryptenParty.configure reads PRG, PRGS, KeyStream, pool_elements and _STREAMS).
-from fedmem.federation.mpc.keystreams import (POOL_MB_DEFAULT, PRG, PRGS, STREAMS, KeyStream, TorchStream,
+# The keystreams live in keystreams.py (runtime.CryptenParty.configure uses them there); the
+# names below are re-exported for scripts and tests that import them from rounds.
+from fedmem.federation.mpc.keystreams import (POOL_MB_DEFAULT, PRG, PRGS, KeyStream, TorchStream,  # noqa: F401
                                               party_streams, pause_prefill, pool_elements, prefill_async)
-
-_STREAMS = STREAMS   # old name of the per-session stream table (the same dict)
 
 __all__ = ["BIG", "L_FULL", "POOL_MB_DEFAULT", "PRG", "PRGS", "KeyStream", "Rounds", "TorchStream", "bits_for",
            "ltz_rounds", "mul", "par", "pause_prefill", "pool_elements", "prefill_async"]

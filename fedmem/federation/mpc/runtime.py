@@ -12,7 +12,7 @@ from fedmem import _validate as V
 from fedmem.errors import MpcFailure
 from fedmem.federation.mpc.endpoints import free_port, ifname_for, node_ip, url_host
 from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, _unseal, assemble
-from fedmem.federation.mpc.networks import IMPLS, PROVIDERS, _secure_program
+from fedmem.federation.mpc.networks import IMPLS, PROVIDERS, secure_program
 from fedmem.federation.parties import Parties
 from fedmem.federation.sharing import REVEALABLE, PartyKey, Revealed, SelectionSpec
 
@@ -136,7 +136,7 @@ class _CryptenParty:
         c = comm.get()
         c.reset_communication_stats()
         t0, c0 = time.perf_counter(), time.process_time()
-        out = _secure_program(scores, values, valid, m, spec, self.rank, impl, shards_sorted)
+        out = secure_program(scores, values, valid, m, spec, self.rank, impl, shards_sorted)
         st = c.get_communication_stats()
         out["_stats"] = {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
                          "rounds": int(st["rounds"]), "bytes": int(st["bytes"])}
@@ -152,7 +152,7 @@ class _CryptenParty:
     def configure(self, prg: str | None = None, pool_mb: float | None = None) -> dict:
         """Benchmarks only: this party's triple generator (``"aes"`` or the old ``"torch"``) and
         pool size. Every party must be configured alike (SPMD) before the next query."""
-        from fedmem.federation.mpc import rounds as MR
+        from fedmem.federation.mpc import keystreams as MR   # torch: imported where used (test_lazy_imports)
 
         MR.pause_prefill()
         if prg is not None:
@@ -161,7 +161,7 @@ class _CryptenParty:
             MR.PRG["name"] = prg
         if pool_mb is not None:
             os.environ["FEDMEM_TRIPLE_POOL_MB"] = str(float(pool_mb))
-            for pair in MR._STREAMS.values():
+            for pair in MR.STREAMS.values():
                 for st in pair:
                     st.cap = MR.pool_elements() if isinstance(st, MR.KeyStream) else 0
         return {"prg": MR.PRG["name"], "pool_elements": MR.pool_elements()}

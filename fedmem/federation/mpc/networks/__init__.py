@@ -25,8 +25,6 @@ from fedmem.federation.mpc.networks.program import FILL, IMPLS, PROVIDERS, secur
 from fedmem.federation.mpc.networks.selection import (
     ce_gen, composite_keys, grouped_gen, merge_gen, rank_gen, ranks)
 
-_secure_program = secure_program   # old name (runtime.py imports it)
-
 __all__ = ["COMPARISON_S", "CONSTANT_ROUNDS_MAX", "FILL", "FIT_POINTS", "IMPLS", "PROVIDERS", "ROUND_S", "SUM_BLOCK",
            "ce_gen", "choose_impl", "composite_keys", "decode_opened", "fit_cost_model", "grouped_gen",
            "grouped_plan", "impl_costs", "merge_gen", "merge_network", "naive_program", "naive_topk",
