@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from fedmem.cli.demo import DEMO_RUNS, DEMO_SIZE, demo_rows  # noqa: F401 - DEMO_SIZE: public name of the CLI
 from fedmem.cli.runfolder import RunInterrupted, UsageError, check_out_dir, check_resume, flat_keys, \
     guard_signals, restore_signals, run_loaded
 from fedmem.errors import FedmemError, ScenarioError
@@ -238,73 +239,11 @@ def cmd_show(args) -> int:
     return 0
 
 
-# The demo: what `make demo` runs. Each entry is (title, scenario file, overrides).
-# The demo runs the whole adversary library with fewer trials than the shipped scenarios (4 targets x 60
-# trials per world instead of 8 x 100) so that it finishes in a few minutes; `fedmem run FILE` runs them in full.
-DEMO_SIZE = ["attack.targets=4", "attack.repeats=60", "attack.timing_trials=20"]
-DEMO_RUNS = [
-    ("Undefended: exact receipts leave with every DP answer (papers/003)", "support_leak_40.toml", DEMO_SIZE),
-    ("Gateway: the same receipts behind the support-leak gateway", "support_leak_40_gateway.toml", DEMO_SIZE),
-    ("Gateway + broadcast: answered by the support-safe broadcast instead", "support_leak_40_gateway.toml",
-     DEMO_SIZE + ['federation.on_reject="rerun_broadcast"', 'name="support_leak_40_gateway_rerun"']),
-]
-
-
 def cmd_demo(args) -> int:
     """Run DEMO_RUNS and print what the adversary got in each, side by side."""
     from rich.text import Text
 
     from fedmem.report import make_console, print_result_tables, print_table
-
-    def _demo_rows(runs) -> list[tuple[str, list[str]]]:
-        """Comparison rows (label, one cell per run) from the runs' metrics."""
-        def get(m, *path, default=None):
-            for p in path:
-                if not isinstance(m, dict) or p not in m:
-                    return default
-                m = m[p]
-            return m
-
-        def num(x, fmt="{:.3g}"):
-            if x is None:
-                return "-"
-            if isinstance(x, str):
-                return x
-            if isinstance(x, float) and x != x:
-                return "n/a"
-            return fmt.format(x)
-
-        rows = []
-        rows.append(("queries answered / refused",
-                     [f"{get(m, 'forwarded', default='-')} / {get(m, 'rejected', default='-')}" for m in runs]))
-        rows.append(("contributing shards guessed within +-2 (papers/003: 94%)",
-                     [num(get(m, "reconstruction", "rate"), "{:.0%}") for m in runs]))
-        rows.append(("  ... a constant guess would get",
-                     [num(get(m, "reconstruction", "chance_rate"), "{:.0%}") for m in runs]))
-        rows.append(("membership attack AUC (0.5 = coin flip)",
-                     [num(get(m, "differencing", "auc"), "{:.2f}") for m in runs]))
-        rows.append(("  ... leak proven (epsilon lower bound, 95%)",
-                     [num(get(m, "differencing", "eps_lower"), "{:.2f}") for m in runs]))
-        rows.append(("  ... epsilon booked for that query",
-                     [num(get(m, "differencing", "eps_booked"), "{:.2f}") for m in runs]))
-        rows.append(("  ... verdict (fedmem.attacks.verdict: one rule)",
-                     [num(get(m, "differencing", "verdict")) for m in runs]))
-        rows.append(("support-leaky answers that reached the agent",
-                     [num(get(m, "forwarded_leaky"), "{}") for m in runs]))
-        rows.append(("answers with a channel the accountant does not cover",
-                     [num(get(m, "forwarded_unbooked"), "{}") for m in runs]))
-        rows.append(("attacks that leak beyond what was booked",
-                     [", ".join(k for k, v in get(m, "attacks", default={}).items()
-                                if str(v.get("verdict", "")).startswith(("LEAK", "EXCEEDS"))) or "none"
-                      for m in runs]))
-        rows.append(("  ... of attacks run (refusals, admission, timing, retries, sybils, ...)",
-                     [str(len(get(m, "attacks", default={}))) for m in runs]))
-        rows.append(("verdict", [num(get(m, "verdict")) for m in runs]))
-        rows.append(("total epsilon booked (adaptive stream)",
-                     [num(get(m, "epsilon_spent_total"), "{:.3g}") for m in runs]))
-        rows.append(("utility: MSE of released mean vs exact mean",
-                     [num(get(m, "utility_mse"), "{:.3g}") for m in runs]))
-        return rows
 
     console = make_console()
     console.print("[bold]fedmem demo[/bold]: 40 memory shards answer 300 adaptive queries through secure "
@@ -320,7 +259,7 @@ def cmd_demo(args) -> int:
         folders.append(str(out_dir))
     console.rule("Comparison")
     print_table(console, "What the adversary got", [""] + [title.split(":", 1)[0] for title, _, _ in DEMO_RUNS],
-                [[label, *cells] for label, cells in _demo_rows(runs)], keep=())
+                [[label, *cells] for label, cells in demo_rows(runs)], keep=())
     console.print(
         "Undefended, the exact receipts tell the adversary how many (and which) shards hold memories near its "
         "query, and whether a given record is there, whatever the DP noise on the value. With the gateway, "
