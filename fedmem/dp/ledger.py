@@ -1,8 +1,8 @@
 """Pure-DP per-attribute ledgers with caps B_a (DP-MemView Algorithm 1, contract C5).
 
 A charge names a *set* of attributes and one epsilon. The vocabulary is the accountants':
-``fits`` (prospective check) and ``book`` (durable charge, raises when refused); the
-ledger's first names ``can_charge``/``charge`` stay as aliases. It is admitted only if, for every
+``fits`` (prospective check) and ``book`` (durable charge, raises when refused; ``try_charge``
+returns False instead). It is admitted only if, for every
 attribute a in the set, ``L_a + epsilon <= B_a`` (prospective check); then every L_a
 grows by epsilon in one transaction, or none does (all-or-nothing). Epsilons are summed
 exactly as rationals (``fractions.Fraction`` of the binary floats), so a sequence of
@@ -163,15 +163,6 @@ class AttributeLedger:
                 f"charge of {epsilon!r} to {sorted(set(attrs))} refused by ledger {self.name!r}: "
                 f"spent {self.spent()}, caps {self._caps}."
             )
-
-    # The ledger's first names, kept: ``can_charge`` is :meth:`fits`, ``charge`` is :meth:`book`.
-    def can_charge(self, attrs: Iterable[str], epsilon: float) -> bool:
-        """Old name of :meth:`fits` (same check, same answer)."""
-        return self.fits(attrs, epsilon)
-
-    def charge(self, attrs: Iterable[str], epsilon: float, label: str = "") -> None:
-        """Old name of :meth:`book` (same charge, same refusal)."""
-        return self.book(attrs, epsilon, label)
 
     def __repr__(self) -> str:
         return f"AttributeLedger(name={self.name!r}, caps={self._caps!r}, store={self.store!r})"

@@ -7,7 +7,7 @@ Usage::
 
 ``loop`` alternates an accountant booking and a ledger charge, continuing the sequence
 numbers already in the store, and prints ``acc <i>`` / ``led <i>`` only after ``book`` /
-``charge`` has *returned*; the parent SIGKILLs it at a random moment and checks that
+``book`` has *returned*; the parent SIGKILLs it at a random moment and checks that
 every printed booking survived.
 
 ``race`` prints ``ready`` once set up, waits until GO exists (the parent creates it when
@@ -45,7 +45,7 @@ def loop(path: str) -> None:
         acc.book(GaussianDpEvent(50.0), label=f"acc {i}")
         print(f"acc {i}", flush=True)
         i += 1
-        led.charge(["a", "b"] if j % 2 else ["a"], 0.5, label=f"led {j}")
+        led.book(["a", "b"] if j % 2 else ["a"], 0.5, label=f"led {j}")
         print(f"led {j}", flush=True)
         j += 1
 

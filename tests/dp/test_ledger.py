@@ -48,8 +48,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(attrs=st.sets(st.sampled_from(ATTRS), min_size=1), eps=EPSILONS)
     def try_charge(self, attrs, eps):
         expected = self._admissible(attrs, eps)
-        assert self.ledger.can_charge(attrs, eps) == expected
-        assert self.ledger.fits(attrs, eps) == expected           # the same check under the accountants' name
+        assert self.ledger.fits(attrs, eps) == expected
         assert self.ledger.try_charge(attrs, eps, label="t") == expected
         if expected:
             for a in attrs:
@@ -57,15 +56,15 @@ class LedgerMachine(RuleBasedStateMachine):
             self.charges += 1
 
     @rule(attrs=st.sets(st.sampled_from(ATTRS), min_size=1), eps=EPSILONS)
-    def charge(self, attrs, eps):
+    def book(self, attrs, eps):
         if self._admissible(attrs, eps):
-            self.ledger.charge(attrs, eps)
+            self.ledger.book(attrs, eps)
             for a in attrs:
                 self.model[a] += Fraction(eps)
             self.charges += 1
         else:
             with pytest.raises(BudgetExceeded):
-                self.ledger.charge(attrs, eps)
+                self.ledger.book(attrs, eps)
 
     @rule(attr=st.sampled_from(ATTRS))
     def fill_to_cap(self, attr):
@@ -135,8 +134,7 @@ def test_stateful_machine_catches_broken_ledger(broken):
 class LedgerContract:
     """Shared contract of the per-attribute ledgers (the accountants' ``AccountantContract`` in
     tests/dp/test_accountant.py is its model): every ledger kind subclasses it and says how a
-    ledger is made (``make``). The vocabulary is the accountants': ``fits`` / ``book``, with
-    ``can_charge`` / ``charge`` kept as the same calls under their first names."""
+    ledger is made (``make``). The vocabulary is the accountants': ``fits`` / ``book``."""
 
     def make(self, caps, **kw) -> AttributeLedger:
         raise NotImplementedError
@@ -149,22 +147,21 @@ class LedgerContract:
         run_state_machine_as_test(machine, settings=settings(
             max_examples=20, stateful_step_count=30, deadline=None, database=None, derandomize=True))
 
-    def test_fits_and_book_are_can_charge_and_charge(self):
+    def test_fits_and_book(self):
         led = self.make({"a": 1.0, "b": 0.5})
-        assert led.fits(["a", "b"], 0.5) and led.can_charge(["a", "b"], 0.5)
+        assert led.fits(["a", "b"], 0.5)
         assert led.book(["a", "b"], 0.5, label="first") is None
-        assert not led.fits(["b"], 1e-3) and not led.can_charge(["b"], 1e-3)
-        for call in (led.book, led.charge):
-            with pytest.raises(BudgetExceeded, match=r"charge of 0\.001 to \['b'\] refused by ledger"):
-                call(["b"], 1e-3)
-        led.charge(["a"], 0.5, label="second")
+        assert not led.fits(["b"], 1e-3)
+        with pytest.raises(BudgetExceeded, match=r"charge of 0\.001 to \['b'\] refused by ledger"):
+            led.book(["b"], 1e-3)
+        led.book(["a"], 0.5, label="second")
         assert led.spent() == {"a": 1.0, "b": 0.5}
         assert [(c.attrs, c.epsilon, c.label) for c in led.history()] == [(("a", "b"), 0.5, "first"),
                                                                          (("a",), 0.5, "second")]
 
     def test_refused_set_charge_changes_nothing(self):
         led = self.make({"a": 1.0, "b": 0.5})
-        led.charge(["a", "b"], 0.4)
+        led.book(["a", "b"], 0.4)
         assert not led.try_charge(["a", "b"], 0.2)  # b would reach 0.6 > 0.5; a must not move
         assert led.spent() == {"a": 0.4, "b": 0.4}
         assert len(led.history()) == 1
@@ -212,7 +209,7 @@ class TestSqliteLedger(LedgerContract):
 def test_resume_from_store_and_cap_mismatch(tmp_path):
     path = tmp_path / "l.sqlite"
     led = AttributeLedger({"a": 1.0}, store=DurableStore(path), name="x")
-    led.charge(["a"], 0.7)
+    led.book(["a"], 0.7)
     again = AttributeLedger({"a": 1.0}, store=DurableStore(path), name="x")
     assert again.spent("a") == 0.7
     assert not again.try_charge(["a"], 0.5)
