@@ -53,7 +53,7 @@ from fedmem import _validate as V
 from fedmem.agent.booking_check import check_bookings
 from fedmem.agent.config import BOUNDARIES, DPMIND_ATTR, NO_CAP, AgentConfig
 from fedmem.agent.ledger import AgentLedger
-from fedmem.dp import DurableStore
+from fedmem.dp import DurableStore, MetricLaplace
 from fedmem.errors import BudgetExceeded, SupportPrivacyViolation
 
 __all__ = ["BOUNDARIES", "DPMIND_ATTR", "NO_CAP", "AgentConfig", "AgentLedger", "Task", "StepResult", "Tap",
@@ -254,7 +254,6 @@ def default_perturber(epsilon: float, projection: str = "cascade"):
     """The MiniLM table, codec and an L2 metric-Laplace perturber (cached projector)."""
     from fedmem.agent.dpmind import TokenPerturber, load_minilm
     from fedmem.agent.dpmind.perturb import cached_projector
-    from fedmem.dp import MetricLaplace
 
     table, codec = load_minilm()
     return TokenPerturber(MetricLaplace(float(epsilon), table.dim), table, cached_projector(table, projection)), codec

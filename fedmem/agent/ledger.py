@@ -10,6 +10,7 @@ from typing import Sequence
 from fedmem import _validate as V
 from fedmem.agent.config import DPMIND_ATTR, NO_CAP, AgentConfig
 from fedmem.dp import Accountant, AttributeLedger, DurableStore, PureDpEvent
+from fedmem.dp.accountant import event_from_dict
 
 
 class AgentLedger:
@@ -61,8 +62,6 @@ class AgentLedger:
 
     def federation_epsilon(self) -> float:
         if self.federation_store is None and self.federation_reader is not None:
-            from fedmem.dp.accountant import event_from_dict
-
             acc = Accountant("rdp")
             for ev, lbl in self.federation_bookings():
                 acc.book(event_from_dict(ev), label=lbl)
@@ -92,8 +91,6 @@ class AgentLedger:
         """(epsilon, delta) of federation + BRACE + the largest DP-MemView attribute spend,
         composed by dp-accounting (RDP) as if one individual's data reached all three
         (an upper bound; DP-MIND's metric DP is reported apart, never composed)."""
-        from fedmem.dp.accountant import event_from_dict
-
         acc = Accountant("rdp")
         parts = {}
         for ev, lbl in self.federation_bookings():

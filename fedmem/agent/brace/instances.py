@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedmem.agent.brace.baselines import iterative_baseline
-from fedmem.agent.brace.lsr import clean_trajectory
+from fedmem.agent.brace.lsr import clean_trajectory, sq_dists
 from fedmem.agent.brace.params import BraceParams
 from fedmem.dp import samplers
 
@@ -50,8 +50,6 @@ def unstable_start(X: np.ndarray, params: BraceParams, box, points: int, min_gat
     ``draws`` innovations from ``rng`` (a stream of its own: the reported draws never
     select the cue). Returns ``(cue, calibration stats)``; raises ``ValueError`` when no
     candidate has a large enough gate."""
-    from fedmem.agent.brace.lsr import sq_dists
-
     g = np.linspace(box[0], box[1], points)
     cand = np.array([[x, y] for x in g for y in g])
     cand = cand[(sq_dists(X, cand) <= params.r ** 2).sum(1) >= min_gate]
