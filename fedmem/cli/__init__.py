@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from fedmem import __version__
 from fedmem.cli.demo import DEMO_RUNS, DEMO_SIZE, demo_rows  # noqa: F401 - DEMO_SIZE: public name of the CLI
 from fedmem.cli.runfolder import RunInterrupted, UsageError, check_out_dir, check_resume, flat_keys, \
     guard_signals, restore_signals, run_loaded
@@ -312,8 +313,6 @@ RAY_ADDRESS_HELP = ("attach to this Ray cluster (auto, ray://host:port or host:p
                     "use it), else a private local instance, even beside a running `ray start` cluster")
 
 def build_parser() -> argparse.ArgumentParser:
-    from fedmem import __version__
-
     p = argparse.ArgumentParser(prog="fedmem", description="Federated agent memory under DP, and attacks on it.")
     p.add_argument("--version", action="version", version=f"fedmem {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from fedmem import __version__
 from fedmem.report.compare import HEADLINE_KEYS, compare_runs
 from fedmem.report.console import SHORT_CELL, make_console, print_result_tables, print_table
 from fedmem.report.context import FIGURE_DPI, RunContext, figure_has_data, snapshot_files
@@ -129,8 +130,6 @@ def provenance(*, scenario_sha256: str, seed: int, metrics: dict | None = None, 
     ``scenario_sha256`` is the SHA-256 of ``scenario.resolved.toml`` exactly as written
     (``sha256sum scenario.resolved.toml`` prints it).
     """
-    from fedmem import __version__
-
     commit, dirty = git_commit()
     phases = (metrics or {}).get("phase_seconds")
     return {
