@@ -48,6 +48,7 @@ import numpy as np
 
 from fedmem import _validate as V
 from fedmem.dp import Accountant
+from fedmem.dp.mechanisms import GaussianMechanism
 from fedmem.federation.aggregator import Channel, ReleasePlan
 from fedmem.federation.gateway import Gateway
 
@@ -239,8 +240,6 @@ class GatewayCore:
     # ------------------------------------------------------------------ release
     def noised_sum(self, vectors: list[np.ndarray]) -> np.ndarray:
         """The booked release: exact-ish sum of ``vectors`` (fsum per coordinate) plus the noise."""
-        from fedmem.dp.mechanisms import GaussianMechanism
-
         if self.mode != "fedmem":
             raise RuntimeError("noised_sum is only for mode='fedmem'.")
         mat = np.stack([np.asarray(v, dtype=np.float64) for v in vectors])

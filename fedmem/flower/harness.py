@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedmem.dp import Accountant
+from fedmem.flower.gateway import SupportGatewayStrategy
+
 __all__ = ["FakeClientManager", "FakeGrid", "Spy", "legacy_round", "make_wrapped", "message_round", "run_legacy_rounds",
            "run_message_rounds", "run_wrapped_rounds"]
 
@@ -181,8 +184,6 @@ def make_wrapped(dp: str = "fedmem", *, api: str = "legacy", num_sampled_clients
     """
     import math
 
-    from fedmem.dp import Accountant
-
     m = int(num_sampled_clients)
     if api not in ("legacy", "message"):
         raise ValueError(f"api must be 'legacy' or 'message'. Found {api!r}.")
@@ -201,8 +202,6 @@ def make_wrapped(dp: str = "fedmem", *, api: str = "legacy", num_sampled_clients
         return GatewayStrategy(inner or FedAvg(min_train_nodes=m, min_available_nodes=m), noise_multiplier,
                                sensitivity, m, rng=np.random.default_rng(seed), **common)
     from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping, FedAvg
-
-    from fedmem.flower.gateway import SupportGatewayStrategy
 
     if dp == "flower":
         if flower_clipping_norm is None:

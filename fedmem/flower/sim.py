@@ -41,6 +41,11 @@ import traceback
 
 import numpy as np
 
+from fedmem.dp import Accountant, DurableStore
+from fedmem.dp.events import gaussian_mu
+from fedmem.flower.fixedpoint import SecAggGrid
+from fedmem.flower.gateway import SupportGatewayStrategy
+
 DEPLOYMENTS = ("stock", "gateway", "plain")
 
 
@@ -99,11 +104,7 @@ def _run(spec: dict) -> dict:
     from flwr.simulation import run_simulation
 
     from fedmem._ray import local_options
-    from fedmem.dp import Accountant, DurableStore
-    from fedmem.dp.events import gaussian_mu
     from fedmem.flower.apps import QueryStrategy, Recorder, make_client_app
-    from fedmem.flower.fixedpoint import SecAggGrid
-    from fedmem.flower.gateway import SupportGatewayStrategy
 
     logging.getLogger("flwr").setLevel(spec.get("flwr_log_level", logging.WARNING))
     dep = spec["deployment"]
