@@ -81,6 +81,7 @@ import numpy as np
 
 from fedmem import _validate as V
 from fedmem.dp import Accountant, GaussianMechanism, LaplaceMechanism
+from fedmem.dp.samplers import grid_granularity
 from fedmem.federation.config import CALIBRATIONS, NOISES, RECEIPTS, SELECTIONS
 from fedmem.federation.sharing import SelectionSpec
 
@@ -346,8 +347,6 @@ class Aggregator:
         """Secure sampling's grid, always from a noise scale that is public configuration."""
         if self.policy.sampling != "secure":
             return {}
-        from fedmem.dp.samplers import grid_granularity
-
         scale = public_mech.sigma if hasattr(public_mech, "sigma") else public_mech.scale
         return {"grid": grid_granularity(scale)}
 

@@ -36,7 +36,7 @@ from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
 from fedmem.federation.config import FederationConfig
 from fedmem.federation.parties import Parties
 from fedmem.federation.shard_host import host_actor_class, split_shards
-from fedmem.federation.sharing import decode, encode
+from fedmem.federation.sharing import SelectionSpec, decode, encode, new_run_id
 
 
 @dataclass(frozen=True)
@@ -252,8 +252,6 @@ class Engine:
         return [[m["refs"][p] for m in metas] for p in range(P)]
 
     def _run_parties(self, q: np.ndarray, policy: ReleasePolicy):
-        from fedmem.federation.sharing import new_run_id
-
         # seal every packet to its party when the parties publish keys (both shipped backends do)
         keys = (self.parties.public_keys or None) if self.seal else None
         run_id = new_run_id() if keys else None
@@ -306,7 +304,6 @@ class Engine:
     def ground_truth_many(self, qs) -> list[Truth]:
         """Exact selection (plaintext, same encoding and tie-break as the parties); evaluation only."""
         from fedmem.federation.mpc import plaintext_mask
-        from fedmem.federation.sharing import SelectionSpec
 
         q = self.queries(qs)
         sel = self.policy.selection
