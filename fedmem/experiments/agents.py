@@ -86,7 +86,7 @@ SCHEMA = {
 
 
 def _fed_config(cfg):
-    from fedmem.federation.engine import FederationConfig
+    from fedmem.federation.engine import FederationConfig  # lazy: loads dp_accounting (~400 ms)
 
     f = cfg.federation
     return FederationConfig(shards=f.shards, records_per_shard=f.records_per_shard, key_dim=f.key_dim,
@@ -96,7 +96,7 @@ def _fed_config(cfg):
 
 
 def _agent_config(cfg):
-    from fedmem.agent.client import AgentConfig
+    from fedmem.agent.client import AgentConfig  # lazy: loads dp_accounting (~250 ms)
 
     b = cfg.brace
     return AgentConfig(memview_cap=cfg.memview.cap, memview_K=cfg.memview.K, brace_beta=b.beta, brace_T=b.T,
@@ -110,13 +110,13 @@ def run(cfg, ctx) -> Result:
 
     import ray
 
-    from fedmem._ray import ensure_ray
-    from fedmem.attacks import agent_boundaries as adv
-    from fedmem.agent.dpmind import load_minilm
-    from fedmem.agent.federation_service import start_federation_service
-    from fedmem.agent.session import open_session
-    from fedmem.bench.shards import make_clustered_shards, without_record
-    from fedmem.experiments.agent_worlds import make_world
+    from fedmem._ray import ensure_ray  # lazy: ~5 ms, no heavy package
+    from fedmem.attacks import agent_boundaries as adv  # lazy: ~8 ms, no heavy package
+    from fedmem.agent.dpmind import load_minilm  # lazy: loads dp_accounting (~420 ms)
+    from fedmem.agent.federation_service import start_federation_service  # lazy: ~9 ms, no heavy package
+    from fedmem.agent.session import open_session  # lazy: loads dp_accounting (~110 ms)
+    from fedmem.bench.shards import make_clustered_shards, without_record  # lazy: ~13 ms, no heavy package
+    from fedmem.experiments.agent_worlds import make_world  # lazy: loads dp_accounting (~220 ms)
 
     fcfg, acfg = _fed_config(cfg), _agent_config(cfg)
     a = cfg.agents
@@ -273,7 +273,7 @@ def _agent_memory(sess) -> dict:
     cluster: the Ray workers of the agent actors)."""
     if hasattr(sess, "memory"):
         return sess.memory()
-    from fedmem.agent.isolated import pss_mib
+    from fedmem.agent.isolated import pss_mib  # lazy: ~150 ms, no heavy package
 
     pids = sess.call("pid")
     return {"agents_pss_mib": sum(pss_mib(p) for p in pids.values()), "processes": len(pids)}
@@ -311,7 +311,7 @@ def _boundary_rows(games, fed_util) -> list:
 
 
 def _plot(ctx, users, eps, composed):
-    from fedmem import figures as F
+    from fedmem import figures as F  # lazy: ~14 ms, no heavy package
 
     plt = F.pyplot()
     x = np.arange(len(users))

@@ -37,6 +37,7 @@ from fedmem.agent.dpmind.loop import DPMindClient, ExtractiveMemoryAgent
 from fedmem.agent.dpmind.mechanism import MECHANISMS, make_mechanism
 from fedmem.agent.dpmind.metrics import score
 from fedmem.agent.dpmind.perturb import TokenPerturber, cached_projector
+from fedmem.agent.llm import OpenAICompatibleResponder
 from fedmem.attacks.audit import clopper_pearson
 from fedmem.bench.multihop import TYPES as HOP_TYPES
 from fedmem.bench.multihop import make_multihop_sample
@@ -135,8 +136,6 @@ def _hops(cfg) -> int:
 
 def _responder(cfg):
     if cfg.responder.kind == "openai":
-        from fedmem.agent.llm import OpenAICompatibleResponder
-
         return OpenAICompatibleResponder(cfg.responder.base_url, cfg.responder.model)
     return ExtractiveMemoryAgent(memory_sentences=cfg.loop.memory_sentences, min_cues=cfg.loop.min_cues,
                                  hops=_hops(cfg))
@@ -352,7 +351,7 @@ EPSILON_NOTE = (
 
 
 def _plot(ctx, epsilons, lengths, mean, bench, mech_kind):
-    from fedmem import figures as F
+    from fedmem import figures as F  # lazy: ~5 ms, no heavy package
 
     plt = F.pyplot()
     fig, axes = plt.subplots(1, len(lengths), figsize=(4 * len(lengths), 3.4), sharey=True, squeeze=False)

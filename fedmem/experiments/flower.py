@@ -80,7 +80,7 @@ def _spec(cfg, world, rounds, deployment, ledger, seed, dp=None, faults=None):
 
 
 def _truths(world, rounds, k_local, threshold, grid, shards):
-    from fedmem.flower.apps import client_vector
+    from fedmem.flower.apps import client_vector  # lazy: loads flwr, dp_accounting, grpc (~800 ms)
 
     out = []
     for r in rounds:
@@ -108,9 +108,9 @@ class _Plan:
 def _plan(cfg, ctx) -> _Plan:
     """Step 1: the shards, the reconstruction queries, the membership rounds (both worlds,
     shuffled), the fault rounds and the true contributing-shard counts."""
-    from fedmem.bench.shards import sample_queries
-    from fedmem.flower.apps import build_world, world_spec
-    from fedmem.flower.fixedpoint import SecAggGrid
+    from fedmem.bench.shards import sample_queries  # lazy: ~14 ms, no heavy package
+    from fedmem.flower.apps import build_world, world_spec  # lazy: loads flwr, dp_accounting, grpc (~800 ms)
+    from fedmem.flower.fixedpoint import SecAggGrid  # lazy: loads flwr, dp_accounting, grpc (~800 ms)
 
     f, a = cfg.federation, cfg.attack
     world = world_spec(seed=int(ctx.rng("data").integers(2 ** 31)), shards=f.shards,
@@ -134,7 +134,7 @@ def _plan(cfg, ctx) -> _Plan:
 
 def _run_ray_column(cfg, ctx, plan: _Plan, metrics: dict):
     """Step 2: the "ray" engine column: same shards, queries and candidate, in this process (Ray + CrypTen)."""
-    from fedmem.experiments.flower_ray_engine import run_ray_engine
+    from fedmem.experiments.flower_ray_engine import run_ray_engine  # lazy: ~3 ms, no heavy package
 
     f, a = cfg.federation, cfg.attack
     ctx.log(f"ray engine: {cfg.ray_engine.mpc} parties, threshold selection, {f.shards} shards")
@@ -147,7 +147,7 @@ def _run_ray_column(cfg, ctx, plan: _Plan, metrics: dict):
 def _simulate_deployments(cfg, ctx, plan: _Plan, metrics: dict) -> dict:
     """Step 3: the Flower deployments, stock then one gateway deployment per ``federation.dp``
     (each its own run_simulation in a spawned process)."""
-    from fedmem.flower.sim import simulate
+    from fedmem.flower.sim import simulate  # lazy: loads flwr, dp_accounting, grpc (~800 ms)
 
     f = cfg.federation
     deployments = [("stock", None)] + [("gateway", dp) for dp in f.dp]
@@ -174,8 +174,8 @@ class _VerdictRows:
         self.verdicts: list = []
 
     def add(self, engine, observer, est, pos, neg, booked, defended, sampling=None, extra=None, mu_booked=None):
-        from fedmem.attacks.support import membership_report, reconstruction_report
-        from fedmem.attacks.verdict import judge, sampler_label
+        from fedmem.attacks.support import membership_report, reconstruction_report  # lazy: loads sklearn, scipy, numpy (~2.6 s)
+        from fedmem.attacks.verdict import judge, sampler_label  # lazy: loads sklearn, scipy, numpy (~2.6 s)
 
         f, a, mrng = self.f, self.a, self.mrng
         self.defended.append(defended)
@@ -196,7 +196,7 @@ class _VerdictRows:
             "verdict_text": text, "sampling": sampling, "booked_eps_per_round": booked, **(extra or {})}
 
     def worst(self, defended: bool) -> str:
-        from fedmem.attacks.verdict import worst
+        from fedmem.attacks.verdict import worst  # lazy: loads sklearn, scipy, numpy (~2.6 s)
 
         return worst([v for v, d in zip(self.verdicts, self.defended) if (d if defended else not d)])
 
@@ -204,7 +204,7 @@ class _VerdictRows:
 def _flower_observer_rows(runs: dict, plan: _Plan, f, table: _VerdictRows) -> None:
     """Step 4: per Flower deployment and observer (querying agent, wrapped strategy, server
     strategy), the cardinality estimates and membership scores of the attack rounds."""
-    from fedmem.attacks.support import cardinality_from_count
+    from fedmem.attacks.support import cardinality_from_count  # lazy: loads sklearn, scipy, numpy (~2.6 s)
 
     m, n_attack = f.shards, plan.n_attack
     attack_rounds = plan.rounds[:n_attack]
@@ -252,7 +252,7 @@ def _flower_observer_rows(runs: dict, plan: _Plan, f, table: _VerdictRows) -> No
 
 def _ray_engine_rows(ray_out: dict, cfg, truths, metrics: dict, table: _VerdictRows) -> None:
     """Step 5: the Ray engine column's rows (undefended, defended): the querying agent's view."""
-    from fedmem.experiments.flower_ray_engine import column_config, config_summary
+    from fedmem.experiments.flower_ray_engine import column_config, config_summary  # lazy: ~3 ms, no heavy package
 
     f = cfg.federation
     for variant in ("undefended", "defended"):

@@ -49,7 +49,7 @@ def chi2_std_ci(noise, alpha):
 def eps_of(multiplier: float, delta: float) -> float:
     import dp_accounting
 
-    from fedmem.dp import Accountant
+    from fedmem.dp import Accountant  # lazy: loads dp_accounting (~110 ms)
 
     acc = Accountant("rdp")
     acc.book(dp_accounting.GaussianDpEvent(multiplier), "probe")
@@ -108,7 +108,7 @@ def ledger_check(run_out, delta) -> dict:
     """Nothing lost: the ledger's principal and total spend equal the composition of the admitted rounds."""
     import dp_accounting
 
-    from fedmem.dp import Accountant
+    from fedmem.dp import Accountant  # lazy: loads dp_accounting (~110 ms)
 
     gw = run_out["gateway"]
     admitted = [a for a in gw["audit"] if a["decision"] == "admitted"]

@@ -44,7 +44,7 @@ def repeat_with_fresh_principals(fed, q, trials: int):
 
 def column_config(f, r, variant: str):
     """``FederationConfig`` of one column (``f``: the scenario's ``[federation]``, ``r``: ``[ray_engine]``)."""
-    from fedmem.federation.engine import FederationConfig
+    from fedmem.federation.engine import FederationConfig  # lazy: loads dp_accounting (~240 ms)
 
     if variant not in CONFIGS:
         raise ValueError(f"variant must be one of {CONFIGS}. Found {variant!r}.")
@@ -66,13 +66,13 @@ def run_ray_engine(f, r, data, targets, queries, repeats: int, *, rng_for, ray_a
 
     ``rng_for(*names)``: the run's named generators (``ctx.rng``).
     """
-    from fedmem._ray import ensure_ray
-    from fedmem.attacks.support import differencing_score, reconstruct_cardinality, true_cardinality
-    from fedmem.bench.shards import with_record
-    from fedmem.dp import Accountant
-    from fedmem.errors import SupportPrivacyViolation
-    from fedmem.federation import mpc
-    from fedmem.federation.engine import Federation
+    from fedmem._ray import ensure_ray  # lazy: ~2 ms, no heavy package
+    from fedmem.attacks.support import differencing_score, reconstruct_cardinality, true_cardinality  # lazy: loads sklearn, scipy, numpy (~2.6 s)
+    from fedmem.bench.shards import with_record  # lazy: ~14 ms, no heavy package
+    from fedmem.dp import Accountant  # lazy: loads dp_accounting (~140 ms)
+    from fedmem.errors import SupportPrivacyViolation  # lazy: ~2 ms, no heavy package
+    from fedmem.federation import mpc  # lazy: ~120 ms, no heavy package
+    from fedmem.federation.engine import Federation  # lazy: loads dp_accounting (~240 ms)
 
     owns = ensure_ray(ray_address, num_cpus=f.num_cpus)
     parties = None

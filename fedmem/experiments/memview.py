@@ -157,7 +157,7 @@ def ceiling_check(res: dict, eps: float, alpha: float, n_boot: int, rng, auditor
     tpr_ceiling = 1.0 if math.isinf(eps) else float(dp_roc_ceiling(fpr_target, eps))
     auc_ceiling = _auc_ceiling(eps)
     violated = (lo > tpr_ceiling + 1e-12) or (alo > auc_ceiling + 1e-12)
-    from fedmem.attacks.verdict import judge
+    from fedmem.attacks.verdict import judge  # lazy: ~36 ms, no heavy package
 
     v = judge(pos, neg, eps)        # the one verdict rule of every report (pure eps: delta 0)
     return {"epsilon": eps, "tpr5": tpr, "tpr5_ci": (lo, hi), "tpr5_ceiling": tpr_ceiling, "auc": auc,

@@ -43,6 +43,7 @@ import time
 import numpy as np
 
 from fedmem.attacks.federation_games import ATTACKS, GAME_ATTACKS, is_broadcast
+from fedmem.bench.shards import clustered_data
 from fedmem.experiments.support_leak_games import (AttackParams, NewFederation, QueryRecord, run_games,
                                                  run_reconstruction, run_retries, run_spreading)
 from fedmem.experiments.support_leak_plots import _plot_eps, _plot_roc
@@ -160,8 +161,6 @@ def federation_factory(ray_address, parties) -> NewFederation:
 def make_data(cfg, rng):
     """The clustered shard data (benchmark content, injected into the federation; moved here
     from ``fedmem.federation.services`` so the federation layer never imports ``fedmem.bench``)."""
-    from fedmem.bench.shards import clustered_data
-
     f = cfg.federation
     return clustered_data(f.shards, f.records_per_shard, f.key_dim, f.value_dim, f.clip, rng,
                           clusters=cfg.data.clusters, spread=cfg.data.spread, at_hosts=cfg.data.generate_at_hosts)
@@ -258,7 +257,7 @@ def _run_attacks(cfg, ctx, data, new_federation, world_accountant, metrics, tabl
         if game["n_target"]:
             n_small = int(np.min(game["n_target"]))
             if f.calibration == "global" and not is_broadcast(f) and f.selection == "threshold":
-                from fedmem.federation.aggregator import delivered_epsilon
+                from fedmem.federation.aggregator import delivered_epsilon  # lazy: loads dp_accounting (~410 ms)
 
                 eff = delivered_epsilon(f.noise, f.sigma * max(1, n_small) / f.n_bound, f.delta)
             else:

@@ -25,7 +25,7 @@ def release_policy(cfg, noise: str, sigma: float, *, clip=None, sampling=None, r
                    receipt_sigma=1.0, value_dim=None):
     """The ``ReleasePolicy`` of the audited top-k value release (``[aggregator]`` keys; the
     keyword arguments override them for a broken variant or the receipts release)."""
-    from fedmem.federation.aggregator import ReleasePolicy
+    from fedmem.federation.aggregator import ReleasePolicy  # lazy: loads dp_accounting (~350 ms)
 
     a = cfg.aggregator
     return ReleasePolicy(selection="topk", shards=a.shards, k_local=a.k, clip=a.clip if clip is None else clip,
@@ -65,7 +65,7 @@ def sample_aggregator(policy, total: np.ndarray, n: int, rng, deployed: int, *, 
     Kolmogorov-Smirnov p-value of the first coordinate (deployed vs batched)."""
     from scipy.stats import ks_2samp
 
-    from fedmem.federation.aggregator import Aggregator
+    from fedmem.federation.aggregator import Aggregator  # lazy: loads dp_accounting (~350 ms)
 
     agg = Aggregator(policy)
     zero = np.zeros(policy.value_dim)
@@ -82,8 +82,8 @@ def sample_aggregator(policy, total: np.ndarray, n: int, rng, deployed: int, *, 
 
 
 def audit_value(cfg, ctx, book: Book, noise: str, search_rows: list):
-    from fedmem.federation.aggregator import delivered_epsilon
-    from fedmem.dp import GaussianMechanism
+    from fedmem.federation.aggregator import delivered_epsilon  # lazy: loads dp_accounting (~350 ms)
+    from fedmem.dp import GaussianMechanism  # lazy: loads dp_accounting (~270 ms)
 
     A, a = cfg.audit, cfg.aggregator
     delta = A.delta
@@ -126,7 +126,7 @@ def audit_value(cfg, ctx, book: Book, noise: str, search_rows: list):
         name = f"aggregator.{noise}" + (f"/{broken}" if broken else "")
         ks_note = f"; deployed vs batched KS p={ks:.2g} ({live} deployed releases per world)"
         if fast:
-            from fedmem.attacks import float_bits as FB
+            from fedmem.attacks import float_bits as FB  # lazy: ~35 ms, no heavy package
 
             den = float(pol.public_count)
             mech = pol._mechanism(mult)
@@ -155,8 +155,8 @@ def audit_value(cfg, ctx, book: Book, noise: str, search_rows: list):
 
 
 def audit_receipts(cfg, ctx, book: Book, search_rows: list):
-    from fedmem.dp import GaussianMechanism
-    from fedmem.federation.aggregator import TALLY_L2
+    from fedmem.dp import GaussianMechanism  # lazy: loads dp_accounting (~270 ms)
+    from fedmem.federation.aggregator import TALLY_L2  # lazy: loads dp_accounting (~350 ms)
 
     A, a = cfg.audit, cfg.aggregator
     if a.shards < 2:

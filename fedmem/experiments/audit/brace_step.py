@@ -85,9 +85,9 @@ def audit_brace(cfg, ctx, book: Book, search_rows: list):
     ``Delta_bar_1 sqrt(T / (2 rho))``; booked ``params.event()`` = (epsilon, delta) from the
     zCDP parameter rho (App. C.2). The LR statistic of the equal-variance pair is monotone
     in ``y`` (the projection's atoms sit at its ends), so the score is ``y (a - b)``."""
-    from fedmem.agent.brace.mechanism import NoiseSource, brace_run
-    from fedmem.agent.brace.params import BraceParams
-    from fedmem.dp import GaussianMechanism
+    from fedmem.agent.brace.mechanism import NoiseSource, brace_run  # lazy: loads dp_accounting (~110 ms)
+    from fedmem.agent.brace.params import BraceParams  # lazy: loads dp_accounting (~400 ms)
+    from fedmem.dp import GaussianMechanism  # lazy: loads dp_accounting (~120 ms)
 
     A, Br = cfg.audit, cfg.brace
     r = Br.r

@@ -22,7 +22,7 @@ def audit_dpmind(cfg, ctx, book: Book, search_rows: list):
     The loss ``eps (||y-x'|| - ||y-x||)`` reaches ``eps * dist`` only on the ray through
     ``x'`` and ``x``: in ``dim`` dimensions that event has tiny probability, which the
     row measures (a low tightness here is the looseness of the booked worst case)."""
-    from fedmem.dp import MetricLaplace
+    from fedmem.dp import MetricLaplace  # lazy: loads dp_accounting (~190 ms)
 
     A, D = cfg.audit, cfg.dpmind
     booked = D.epsilon * D.distance

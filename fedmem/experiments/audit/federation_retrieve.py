@@ -19,7 +19,7 @@ def canary_federation_data(m: int, clip: float, included: np.ndarray, key_dim: i
     canary (key e_1, value +C e_i) when ``included[i]``. With k' = 1 and broadcast
     selection the canary, when present, displaces its victim: coordinate i of the sum
     moves by 2C, the booked L2 sensitivity (the worst case of the add/remove adjacency)."""
-    from fedmem.bench.shards import ShardData
+    from fedmem.bench.shards import ShardData  # lazy: ~30 ms, no heavy package
 
     e1 = np.zeros(key_dim)
     e1[0] = 1.0
@@ -37,9 +37,9 @@ def canary_federation_data(m: int, clip: float, included: np.ndarray, key_dim: i
 
 
 def _retrieve_scores(cfg, ctx, sigma: float, retrievals: int, tag: str, parties=None):
-    from fedmem.dp import Accountant
-    from fedmem.federation.config import FederationConfig
-    from fedmem.federation.engine import Federation
+    from fedmem.dp import Accountant  # lazy: loads dp_accounting (~190 ms)
+    from fedmem.federation.config import FederationConfig  # lazy: ~7 ms, no heavy package
+    from fedmem.federation.engine import Federation  # lazy: loads dp_accounting (~350 ms)
 
     F, a = cfg.federation, cfg.aggregator
     m = F.canaries
@@ -69,7 +69,7 @@ def _retrieve_scores(cfg, ctx, sigma: float, retrievals: int, tag: str, parties=
 
 
 def audit_federation(cfg, ctx, book: Book):
-    from fedmem.dp import GaussianMechanism
+    from fedmem.dp import GaussianMechanism  # lazy: loads dp_accounting (~190 ms)
 
     A, F = cfg.audit, cfg.federation
     sigma = GaussianMechanism.calibrate(F.epsilon, A.delta).noise_multiplier

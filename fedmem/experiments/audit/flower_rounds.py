@@ -37,7 +37,7 @@ def _flower_sample(gw, dp: str, replies: list, n: int, deployed: int, rng, dim: 
 
     from scipy.stats import ks_2samp
 
-    from fedmem.flower.harness import run_wrapped_rounds
+    from fedmem.flower.harness import run_wrapped_rounds  # lazy: loads flwr, dp_accounting, grpc (~800 ms)
 
     log = logging.getLogger("flwr")
     level = log.level
@@ -54,7 +54,7 @@ def _flower_sample(gw, dp: str, replies: list, n: int, deployed: int, rng, dim: 
     live = np.stack([np.asarray(o[0], dtype=np.float64) for o in outs])
     m = gw.num_sampled_clients
     if dp == "fedmem":
-        from fedmem.dp import GaussianMechanism
+        from fedmem.dp import GaussianMechanism  # lazy: loads dp_accounting (~95 ms)
 
         total = np.array([math.fsum(c) for c in np.stack([r[0] for r in replies]).T])
         mech = GaussianMechanism(sigma=gw.core.noise_std_on_sum, l2_sensitivity=gw.core.sensitivity)
@@ -62,7 +62,7 @@ def _flower_sample(gw, dp: str, replies: list, n: int, deployed: int, rng, dim: 
     else:
         from flwr.server.strategy.aggregate import aggregate
 
-        from fedmem.flower.gateway import find_flower_dp
+        from fedmem.flower.gateway import find_flower_dp  # lazy: loads flwr, dp_accounting, grpc (~800 ms)
 
         fdp = find_flower_dp(gw.strategy)
         mean = aggregate([([np.asarray(r[0], dtype=np.float64)], gw.public_num_examples) for r in replies])[0]
@@ -82,8 +82,8 @@ def audit_flower(cfg, ctx, book: Book, search_rows: list):
     Its float sampler (numpy's legacy polar Gaussian on the global RNG) is not modelled by
     :mod:`fedmem.attacks.float_bits` (which replays ``Generator``'s ziggurat), so its low
     bits are NOT audited here."""
-    from fedmem.dp import GaussianMechanism
-    from fedmem.flower.harness import make_wrapped
+    from fedmem.dp import GaussianMechanism  # lazy: loads dp_accounting (~95 ms)
+    from fedmem.flower.harness import make_wrapped  # lazy: loads flwr, dp_accounting, grpc (~800 ms)
 
     A, Fl = cfg.audit, cfg.flower
     m, dim, C = Fl.clients, Fl.dim, Fl.clip

@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 
+from fedmem.attacks.audit import epsilon_lower_bound
+
 from .book import Book
 
 
@@ -21,8 +23,7 @@ def search_em_neighbours(epsilon: float, sensitivity: float, max_candidates: int
     with K while ``P_D'(0)`` shrinks. The K kept maximises the Clopper-Pearson bound the
     test would reach with ``trials`` releases at the expected counts (public numbers only).
     Returns ``(u_D, u_D', rows)``."""
-    from fedmem.attacks.audit import epsilon_lower_bound
-    from fedmem.dp import ExponentialMechanism
+    from fedmem.dp import ExponentialMechanism  # lazy: loads dp_accounting (~130 ms)
 
     em = ExponentialMechanism(epsilon, sensitivity)
     rows, best = [], None
@@ -60,7 +61,7 @@ def _em_draws(em, u, n: int, deployed: int, rng):
 
 
 def audit_em(cfg, ctx, book: Book, search_rows: list):
-    from fedmem.dp import ExponentialMechanism
+    from fedmem.dp import ExponentialMechanism  # lazy: loads dp_accounting (~130 ms)
 
     A, M = cfg.audit, cfg.memview
     sens = 1.0

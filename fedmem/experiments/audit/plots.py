@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from fedmem.attacks import tight as T
-from fedmem.attacks.audit import roc_curve
+from fedmem.attacks.audit import dp_roc_ceiling, roc_curve
 
 from .book import Book
 
@@ -18,8 +18,6 @@ def plot_rocs(ctx, book: Book, max_points: int = 4000):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from fedmem.attacks.audit import dp_roc_ceiling
 
     names = [n for n in book.rocs]
     cols = 3

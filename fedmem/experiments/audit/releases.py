@@ -27,7 +27,7 @@ def batched_release(mech, x: np.ndarray, n: int, rng, sampling: str, grid) -> np
     d = x.size
     if sampling != "secure":
         return x[None, :] + mech.noise((n, d), rng, "fast")
-    from fedmem.dp import samplers
+    from fedmem.dp import samplers  # lazy: loads dp_accounting (~190 ms)
 
     gauss = hasattr(mech, "sigma")
     scale = mech.sigma if gauss else mech.scale
