@@ -47,13 +47,13 @@ class BoundaryObserver:
 
     def __init__(self, kind: str, template_book=None):
         if kind == "app":
-            from fedmem.agent.llm import TemplateResponder
+            from fedmem.agent.llm import TemplateResponder  # lazy: ~200 ms, no heavy package
 
             if template_book is None:
                 raise TypeError("the app observer needs the benchmark's template_book (a TemplateBook).")
             self.inner = TemplateResponder(template_book)
         elif kind == "external":
-            from fedmem.agent.dpmind import ExtractiveMemoryAgent
+            from fedmem.agent.dpmind import ExtractiveMemoryAgent  # lazy: loads dp_accounting (~630 ms)
 
             self.inner = ExtractiveMemoryAgent()
         else:
@@ -94,11 +94,11 @@ class AgentHost:
                  seed: int, *, app=None, external=None, agent_cls=None, step_delay_s: float = 0.0):
         import ray
 
-        from fedmem.agent.client import AgentClient
-        from fedmem.agent.dpmind import TokenPerturber, WordPieceCodec
-        from fedmem.agent.dpmind.embeddings import minilm_dir
-        from fedmem.agent.federation_service import RemoteMemoryClient, RemoteProjector
-        from fedmem.dp import DurableStore, MetricLaplace
+        from fedmem.agent.client import AgentClient  # lazy: loads dp_accounting (~370 ms)
+        from fedmem.agent.dpmind import TokenPerturber, WordPieceCodec  # lazy: loads dp_accounting (~630 ms)
+        from fedmem.agent.dpmind.embeddings import minilm_dir  # lazy: loads dp_accounting (~590 ms)
+        from fedmem.agent.federation_service import RemoteMemoryClient, RemoteProjector  # lazy: ~13 ms, no heavy package
+        from fedmem.dp import DurableStore, MetricLaplace  # lazy: loads dp_accounting (~380 ms)
 
         self.user = world.user
         self.ledger_path = str(ledger_path)
@@ -144,7 +144,7 @@ class AgentHost:
         return self.agent.ledger.composed(delta)
 
     def check(self, seed: int, dpmind_stat_contexts: int | None = None) -> dict:
-        from fedmem.agent.client import check_bookings
+        from fedmem.agent.client import check_bookings  # lazy: loads dp_accounting (~370 ms)
 
         sent = {s["task"] for s in self.agent.dpmind_sent}
         return check_bookings(self.agent, [t for i, t in self.tasks.items() if i in sent],

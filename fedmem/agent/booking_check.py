@@ -82,7 +82,7 @@ def check_bookings(agent, tasks: Sequence, *, rng: np.random.Generator,
     # ---- brace
     hist = led.brace.history
     want = agent.brace_params.event()
-    from fedmem.dp.accountant import event_to_dict
+    from fedmem.dp.accountant import event_to_dict  # lazy: loads dp_accounting (~300 ms)
 
     if len(hist) != len(agent.brace_released):
         problems["brace"].append(f"{len(hist)} bookings for {len(agent.brace_released)} released recalls")
@@ -107,8 +107,8 @@ def check_bookings(agent, tasks: Sequence, *, rng: np.random.Generator,
     if carrying < n_chunks:
         problems["dpmind"].append(f"{carrying} external prompts carry a booked chunk, {n_chunks} chunks were sent")
     # statistical: what left vs. the booked mechanism on the same clean text (same pipeline)
-    from fedmem.agent.dpmind import DPMindClient, TokenPerturber
-    from fedmem.dp import MetricLaplace
+    from fedmem.agent.dpmind import DPMindClient, TokenPerturber  # lazy: loads dp_accounting (~670 ms)
+    from fedmem.dp import MetricLaplace  # lazy: loads dp_accounting (~210 ms)
 
     by_task = {t.index: t for t in tasks}
     same = same_ref = total = 0

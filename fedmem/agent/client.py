@@ -122,8 +122,8 @@ class AgentClient:
                  store: DurableStore, rng: np.random.Generator, lexicon, template_book, app_responder=None,
                  external_responder=None, federation_store: DurableStore | None = None,
                  federation_accountant: str = "federation", federation_delta: float = 1e-6, perturber=None, codec=None):
-        from fedmem.agent.brace import BraceMemory, BraceParams
-        from fedmem.agent.memview import MemViewInterface, PaperScorer, PhraseLexicon
+        from fedmem.agent.brace import BraceMemory, BraceParams  # lazy: loads scipy, numpy (~1.1 s)
+        from fedmem.agent.memview import MemViewInterface, PaperScorer, PhraseLexicon  # lazy: ~75 ms, no heavy package
 
         if not isinstance(config, AgentConfig):
             raise TypeError(f"config must be an AgentConfig. Found {type(config).__name__}.")
@@ -159,11 +159,11 @@ class AgentClient:
                              f"Found {perturber.epsilon!r}.")
         self._perturber, self._codec = perturber, codec
         if app_responder is None:
-            from fedmem.agent.llm import TemplateResponder
+            from fedmem.agent.llm import TemplateResponder  # lazy: ~160 ms, no heavy package
 
             app_responder = TemplateResponder(template_book)
         if external_responder is None:
-            from fedmem.agent.dpmind import ExtractiveMemoryAgent
+            from fedmem.agent.dpmind import ExtractiveMemoryAgent  # lazy: ~310 ms, no heavy package
 
             external_responder = ExtractiveMemoryAgent()
         self.app = Tap(app_responder)              # third-party app: sees only DP-MemView views
@@ -196,7 +196,7 @@ class AgentClient:
         return y
 
     def _app_view(self, task: Task):
-        from fedmem.agent.llm import memview_messages
+        from fedmem.agent.llm import memview_messages  # lazy: ~160 ms, no heavy package
 
         rel = self.memview.answer(task.app_query)  # books before sampling
         self.memview_released.append(rel)
@@ -213,7 +213,7 @@ class AgentClient:
         return label
 
     def _dpmind(self, task: Task):
-        from fedmem.agent.dpmind import DPMindClient
+        from fedmem.agent.dpmind import DPMindClient  # lazy: ~310 ms, no heavy package
 
         label = self._book_dpmind(task)            # recorded before anything is perturbed or sent
         if label is None:
@@ -252,8 +252,8 @@ class AgentClient:
 
 def default_perturber(epsilon: float, projection: str = "cascade"):
     """The MiniLM table, codec and an L2 metric-Laplace perturber (cached projector)."""
-    from fedmem.agent.dpmind import TokenPerturber, load_minilm
-    from fedmem.agent.dpmind.perturb import cached_projector
+    from fedmem.agent.dpmind import TokenPerturber, load_minilm  # lazy: ~310 ms, no heavy package
+    from fedmem.agent.dpmind.perturb import cached_projector  # lazy: ~410 ms, no heavy package
 
     table, codec = load_minilm()
     return TokenPerturber(MetricLaplace(float(epsilon), table.dim), table, cached_projector(table, projection)), codec

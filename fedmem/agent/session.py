@@ -86,9 +86,9 @@ class ActorSession:
 
         import ray
 
-        from fedmem.agent.actors import DEFAULT_AGENT_CPUS, agent_actor_class, start_observer
-        from fedmem.agent.dpmind import load_minilm
-        from fedmem.agent.federation_service import (start_federation_gate, start_federation_service,
+        from fedmem.agent.actors import DEFAULT_AGENT_CPUS, agent_actor_class, start_observer  # lazy: ~7 ms, no heavy package
+        from fedmem.agent.dpmind import load_minilm  # lazy: ~220 ms, no heavy package
+        from fedmem.agent.federation_service import (start_federation_gate, start_federation_service,  # lazy: ~9 ms, no heavy package
                                                      start_projector_service)
 
         if not ray.is_initialized():
@@ -241,7 +241,7 @@ def open_session(mode: str, worlds, fed_config, data, config: AgentConfig, out_d
     agents as Ray actors, boundaries simulated). Keyword arguments the mode does not use
     (``agent_cpus`` in isolated mode) are ignored."""
     if mode == "isolated":
-        from fedmem.agent.isolated import IsolatedSession
+        from fedmem.agent.isolated import IsolatedSession  # lazy: ~96 ms, no heavy package
 
         kw.pop("agent_cpus", None)
         return IsolatedSession(worlds, fed_config, data, config, out_dir, seed=seed, **kw)

@@ -23,7 +23,7 @@ class _Rpc:
         if msg[0] == "reply":
             return msg[1]
         if msg[0] == "refused":
-            from fedmem.federation.gateway import refusal
+            from fedmem.federation.gateway import refusal  # lazy: loads dp_accounting (~300 ms)
 
             raise refusal(msg[1])
         raise RuntimeError(f"{name}: {msg[1]}")
@@ -43,7 +43,7 @@ class RpcMemoryClient:
         return getattr(self.principal, "capability", self.principal)
 
     def retrieve(self, q, *, family: str | None = None, retry_of: int | None = None):
-        from fedmem.errors import SupportPrivacyViolation
+        from fedmem.errors import SupportPrivacyViolation  # lazy: ~1 ms, no heavy package
 
         try:
             r = self._rpc.call("retrieve", self._cap(), np.asarray(q, dtype=np.float64), family or self.family,
@@ -111,11 +111,11 @@ class AgentProcess:  # pragma: no cover - runs in the agent process
             send(self.sock, ("done", value))
 
     def _init(self, p: dict) -> str:
-        from fedmem.agent.actors import AgentHost
-        from fedmem.agent.client import AgentClient
-        from fedmem.agent.dpmind import TokenPerturber
-        from fedmem.dp import DurableStore, MetricLaplace
-        from fedmem.federation.gateway import Principal
+        from fedmem.agent.actors import AgentHost  # lazy: ~15 ms, no heavy package
+        from fedmem.agent.client import AgentClient  # lazy: loads dp_accounting (~400 ms)
+        from fedmem.agent.dpmind import TokenPerturber  # lazy: loads dp_accounting (~470 ms)
+        from fedmem.dp import DurableStore, MetricLaplace  # lazy: loads dp_accounting (~280 ms)
+        from fedmem.federation.gateway import Principal  # lazy: loads dp_accounting (~300 ms)
 
         world, config = p["world"], p["config"]
         label, token = self.rpc.call("connect")

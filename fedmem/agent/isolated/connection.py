@@ -57,7 +57,7 @@ class AgentConnection:
         """One RPC call of the agent: only what its user may do."""
         import ray
 
-        from fedmem.agent.federation_service import REFUSED
+        from fedmem.agent.federation_service import REFUSED  # lazy: ~9 ms, no heavy package
 
         s = self.session
         try:

@@ -44,10 +44,10 @@ class IsolatedSession:
                  **_ignored):
         import ray
 
-        from fedmem import _validate as V
-        from fedmem.agent.actors import start_observer
-        from fedmem.agent.dpmind import load_minilm
-        from fedmem.agent.federation_service import start_federation_service, start_projector_service
+        from fedmem import _validate as V  # lazy: ~4 ms, no heavy package
+        from fedmem.agent.actors import start_observer  # lazy: ~7 ms, no heavy package
+        from fedmem.agent.dpmind import load_minilm  # lazy: loads dp_accounting (~240 ms)
+        from fedmem.agent.federation_service import start_federation_service, start_projector_service  # lazy: ~15 ms, no heavy package
 
         if not ray.is_initialized():
             raise RuntimeError("IsolatedSession needs Ray (for the federation): call fedmem._ray.ensure_ray() first.")
@@ -279,7 +279,7 @@ class IsolatedSession:
                 "projectors": ray.get([p.stats.remote() for p in self.projectors])}
 
     def reopen_ledger(self, user: str):
-        from fedmem.agent.lifecycle import reopen_agent_ledger
+        from fedmem.agent.lifecycle import reopen_agent_ledger  # lazy: ~1 ms, no heavy package
 
         return reopen_agent_ledger(self, user)
 
@@ -330,7 +330,7 @@ class IsolatedSession:
             import shutil
 
             shutil.rmtree(self._sockdir, ignore_errors=True)
-        from fedmem.agent.lifecycle import close_actors
+        from fedmem.agent.lifecycle import close_actors  # lazy: ~1 ms, no heavy package
 
         close_actors(getattr(self, "fed", None), self._handles)
         self._handles = []
