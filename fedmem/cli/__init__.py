@@ -48,7 +48,7 @@ class RunFailed(FedmemError):
 def __getattr__(name):
     """``fedmem.cli.print_table`` and ``SHORT_CELL``: moved to :mod:`fedmem.report.console`, imported on first use."""
     if name in ("print_table", "SHORT_CELL"):
-        from fedmem.report import console
+        from fedmem.report import console  # lazy: loads numpy (~600 ms)
 
         return getattr(console, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -90,7 +90,7 @@ def run_scenario(path, overrides=(), out=None, as_json=False, ray_address=None, 
     A non-empty ``out`` folder is refused (:class:`UsageError`) unless ``resume``: its
     durable ledgers/accountants would carry over into this run.
     """
-    from fedmem.registry import load_scenario
+    from fedmem.registry import load_scenario  # lazy: ~91 ms, no heavy package
 
     scenario = load_scenario(find_scenario(path), list(overrides))
     return run_loaded(scenario, out, as_json, ray_address, show_progress, resume)
@@ -131,7 +131,7 @@ def resource_message(exc: BaseException, config=None) -> str:
 
 
 def cmd_run(args) -> int:
-    from fedmem.registry import load_scenario
+    from fedmem.registry import load_scenario  # lazy: ~91 ms, no heavy package
 
     if args.resume and not args.out:
         raise UsageError("--resume needs --out <the run folder to continue>")
@@ -150,7 +150,7 @@ def cmd_run(args) -> int:
     else:
         from rich.text import Text
 
-        from fedmem.report import make_console, print_result_tables
+        from fedmem.report import make_console, print_result_tables  # lazy: loads numpy (~490 ms)
 
         console = make_console()
         whole = print_result_tables(result, console)
@@ -162,7 +162,7 @@ def cmd_run(args) -> int:
 
 def cmd_validate(args) -> int:
     """Check scenario files (paths or bundled names) without running anything: exit 0 when all are valid."""
-    from fedmem.registry import load_scenario
+    from fedmem.registry import load_scenario  # lazy: ~91 ms, no heavy package
 
     bad = 0
     for f in args.files:
@@ -179,7 +179,7 @@ def cmd_validate(args) -> int:
 
 
 def _bundled_rows(directory: Path):
-    from fedmem.scenario import read_toml
+    from fedmem.scenario import read_toml  # lazy: ~75 ms, no heavy package
 
     rows = []
     for f in sorted(directory.glob("*.toml")):
@@ -217,9 +217,9 @@ def cmd_list(args) -> int:
 def cmd_show(args) -> int:
     """``fedmem show KIND``: every key of a kind. ``fedmem show SCENARIO`` (a bundled name or a file):
     the scenario's resolved keys (defaults filled in), and where it is."""
-    from fedmem.registry import get_experiment, known_kinds, load_scenario
-    from fedmem.report import make_console, print_table
-    from fedmem.scenario import describe_schema, full_schema
+    from fedmem.registry import get_experiment, known_kinds, load_scenario  # lazy: ~91 ms, no heavy package
+    from fedmem.report import make_console, print_table  # lazy: loads numpy (~490 ms)
+    from fedmem.scenario import describe_schema, full_schema  # lazy: ~75 ms, no heavy package
 
     if args.kind in known_kinds():
         exp = get_experiment(args.kind)
@@ -244,7 +244,7 @@ def cmd_demo(args) -> int:
     """Run DEMO_RUNS and print what the adversary got in each, side by side."""
     from rich.text import Text
 
-    from fedmem.report import make_console, print_result_tables, print_table
+    from fedmem.report import make_console, print_result_tables, print_table  # lazy: loads numpy (~490 ms)
 
     console = make_console()
     console.print("[bold]fedmem demo[/bold]: 40 memory shards answer 300 adaptive queries through secure "
@@ -277,8 +277,8 @@ def cmd_compare(args) -> int:
     compare.md / compare.csv / compare.png / compare.pdf in ``--out`` (default runs/compare-<time>)."""
     import csv
 
-    from fedmem.figures import compare_figure
-    from fedmem.report import compare_runs, format_value, make_console, print_table, to_jsonable
+    from fedmem.figures import compare_figure  # lazy: loads numpy (~310 ms)
+    from fedmem.report import compare_runs, format_value, make_console, print_table, to_jsonable  # lazy: loads numpy (~490 ms)
 
     try:
         cmp = compare_runs([Path(d) for d in args.run_dirs], all_metrics=args.all)

@@ -89,7 +89,7 @@ def flat_keys(d, prefix=""):
 def check_resume(out_dir: Path, scenario, sha: str, cfg: dict) -> dict | None:
     """The manifest of the run folder ``out_dir`` when ``scenario`` may resume it; :class:`UsageError`
     (exit 2) saying what differs otherwise. None for an empty folder (nothing to resume)."""
-    from fedmem.report import read_manifest
+    from fedmem.report import read_manifest  # lazy: loads numpy (~410 ms)
 
     if not out_dir.is_dir() or not any(out_dir.iterdir()):
         return None
@@ -160,7 +160,7 @@ def run_loaded(scenario, out=None, as_json=False, ray_address=None, show_progres
     SIGINT/SIGTERM write the folder with status "interrupted" and raise :class:`RunInterrupted`;
     a run that fails before its first booking removes what it created in a new/empty folder.
     """
-    from fedmem.report import RunContext, resolved_text, write_manifest
+    from fedmem.report import RunContext, resolved_text, write_manifest  # lazy: loads numpy (~410 ms)
 
     if out:
         out_dir = Path(out)
@@ -191,7 +191,7 @@ def run_loaded(scenario, out=None, as_json=False, ray_address=None, show_progres
 
 
 def _run_guarded(scenario, ctx, out_dir, existed, empty_before, old_manifest, argv):
-    from fedmem.report import count_bookings, write_manifest, write_run
+    from fedmem.report import count_bookings, write_manifest, write_run  # lazy: loads numpy (~410 ms)
 
     t0 = time.perf_counter()
     try:

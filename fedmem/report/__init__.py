@@ -201,7 +201,7 @@ def resolved_text(scenario) -> tuple[str, str, dict]:
     keeps the run's name (a file with ``name = ""`` gets its file stem), so re-running the
     resolved file reproduces the run folder's name and hash; the text does not depend on the
     source path, so the same scenario has the same hash wherever it was loaded from."""
-    from fedmem.scenario import dump_toml
+    from fedmem.scenario import dump_toml  # lazy: ~38 ms, no heavy package
 
     cfg = scenario.config.to_dict()
     cfg["name"] = scenario.name

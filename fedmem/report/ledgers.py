@@ -55,8 +55,8 @@ COMPOSE_LIMIT = 2000  # events per accountant composed for the report (beyond: c
 
 
 def _compose(kind: str, events: list[str], delta: float) -> float:
-    from fedmem.dp import Accountant
-    from fedmem.dp.accountant import event_from_dict
+    from fedmem.dp import Accountant  # lazy: loads dp_accounting (~190 ms)
+    from fedmem.dp.accountant import event_from_dict  # lazy: loads dp_accounting (~130 ms)
 
     acc = Accountant(kind, name="report")
     for ev in events:
