@@ -26,7 +26,7 @@ __all__ = ["GatewayCore", "GatewayStrategy", "RoundRecord", "SecAggGrid", "Suppo
 
 def __getattr__(name: str):
     if name == "GatewayStrategy":
-        from fedmem.flower.message_api import GatewayStrategy
+        from fedmem.flower.message_api import GatewayStrategy  # lazy: ~13 ms, no heavy package
 
         return GatewayStrategy
     raise AttributeError(f"module 'fedmem.flower' has no attribute {name!r}")

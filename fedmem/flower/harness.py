@@ -197,7 +197,7 @@ def make_wrapped(dp: str = "fedmem", *, api: str = "legacy", num_sampled_clients
                              "wrapped by fedmem). Found 'flower'.")
         from flwr.serverapp.strategy import FedAvg
 
-        from fedmem.flower.message_api import GatewayStrategy
+        from fedmem.flower.message_api import GatewayStrategy  # lazy: ~5 ms, no heavy package
 
         return GatewayStrategy(inner or FedAvg(min_train_nodes=m, min_available_nodes=m), noise_multiplier,
                                sensitivity, m, rng=np.random.default_rng(seed), **common)

@@ -103,8 +103,8 @@ def _run(spec: dict) -> dict:
     from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
     from flwr.simulation import run_simulation
 
-    from fedmem._ray import local_options
-    from fedmem.flower.apps import QueryStrategy, Recorder, make_client_app
+    from fedmem._ray import local_options  # lazy: ~1 ms, no heavy package
+    from fedmem.flower.apps import QueryStrategy, Recorder, make_client_app  # lazy: ~14 ms, no heavy package
 
     logging.getLogger("flwr").setLevel(spec.get("flwr_log_level", logging.WARNING))
     dep = spec["deployment"]
