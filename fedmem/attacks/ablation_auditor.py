@@ -30,7 +30,7 @@ def extra_selection_llr(policy, target: str, queries: Sequence, released: Sequen
     """
     from fractions import Fraction
 
-    from fedmem.dp import ExponentialMechanism
+    from fedmem.dp import ExponentialMechanism  # lazy: loads dp_accounting, numpy (~510 ms)
 
     if target not in policy.groups:
         raise ValueError(f"target must be a protected attribute of the policy {list(policy.groups)}. "

@@ -46,8 +46,8 @@ REPORT_DELTA_PURE = 1e-9   # delta passed to the lower bound for pure-DP boundar
 
 
 def _report(pos, neg, *, delta, rng, claim, trusted=False):
-    from fedmem.attacks.support import membership_report
-    from fedmem.attacks.verdict import judge
+    from fedmem.attacks.support import membership_report  # lazy: loads sklearn, scipy, numpy (~2.6 s)
+    from fedmem.attacks.verdict import judge  # lazy: loads sklearn, scipy, numpy (~2.6 s)
 
     r = membership_report(np.asarray(pos, float), np.asarray(neg, float), delta=delta, rng=rng,
                           epsilon_claim=claim, n_boot=400)
@@ -62,9 +62,9 @@ def _report(pos, neg, *, delta, rng, claim, trusted=False):
 
 # --------------------------------------------------------------------------- app (DP-MemView)
 def app_game(worlds, exposures: dict, spends: dict, config, rng: np.random.Generator) -> dict:
-    from fedmem.agent.memview import MemViewInterface, PaperScorer, PhraseLexicon
-    from fedmem.attacks.memview_auditor import target_view_count, view_events
-    from fedmem.bench import pairedmem as pm
+    from fedmem.agent.memview import MemViewInterface, PaperScorer, PhraseLexicon  # lazy: loads dp_accounting (~240 ms)
+    from fedmem.attacks.memview_auditor import target_view_count, view_events  # lazy: loads sklearn, scipy, numpy (~2.6 s)
+    from fedmem.bench import pairedmem as pm  # lazy: ~53 ms, no heavy package
 
     pos, neg, upos, uneg, booked, specific, views = [], [], [], [], [], 0, 0
     for w in worlds:
@@ -113,8 +113,8 @@ def app_game(worlds, exposures: dict, spends: dict, config, rng: np.random.Gener
 # --------------------------------------------------------------------------- external model provider (DP-MIND)
 def clean_perturber(table):
     """The undefended agent's "perturber": a TokenPerturber whose ``perturb_ids`` is the identity."""
-    from fedmem.agent.dpmind import TokenPerturber
-    from fedmem.dp import MetricLaplace
+    from fedmem.agent.dpmind import TokenPerturber  # lazy: loads dp_accounting (~370 ms)
+    from fedmem.dp import MetricLaplace  # lazy: loads dp_accounting (~230 ms)
 
     class _Clean(TokenPerturber):
         def perturb_ids(self, ids, rng):
@@ -134,7 +134,7 @@ def clean_perturber(table):
 
 def undefended_dpmind(worlds, codec, table, config, tasks_done: dict) -> dict:
     """Clean context through the same chunk loop and external model: {(user, task): (chunks, answer, correct)}."""
-    from fedmem.agent.dpmind import DPMindClient, ExtractiveMemoryAgent
+    from fedmem.agent.dpmind import DPMindClient, ExtractiveMemoryAgent  # lazy: loads dp_accounting (~370 ms)
 
     pert = clean_perturber(table)
     model = ExtractiveMemoryAgent()
@@ -174,7 +174,7 @@ def _span_score(candidate: str, seen_text: str, seen_bag: Counter, codec) -> flo
 
 def external_game(worlds, exposures: dict, results: dict, undefended: dict, codec, table, eps_token: float,
                   rng: np.random.Generator) -> dict:
-    from fedmem.attacks.audit import clopper_pearson
+    from fedmem.attacks.audit import clopper_pearson  # lazy: loads sklearn, scipy, numpy (~2.6 s)
 
     pos, neg, upos, uneg, claims = [], [], [], [], []
     rec = urec = prov = n = 0
@@ -252,10 +252,10 @@ def federation_games(service, neighbour, target, trials: int, rng: np.random.Gen
     """
     import ray
 
-    from fedmem.agent.federation_service import RemoteMemoryClient
-    from fedmem.attacks.observable import near_duplicates
-    from fedmem.attacks.support import REJECTED_SCORE
-    from fedmem.errors import SupportPrivacyViolation
+    from fedmem.agent.federation_service import RemoteMemoryClient  # lazy: ~29 ms, no heavy package
+    from fedmem.attacks.observable import near_duplicates  # lazy: loads sklearn, scipy, numpy (~2.6 s)
+    from fedmem.attacks.support import REJECTED_SCORE  # lazy: loads sklearn, scipy, numpy (~2.6 s)
+    from fedmem.errors import SupportPrivacyViolation  # lazy: ~2 ms, no heavy package
 
     _, _, key, _ = target
     qs = near_duplicates(key, trials, radius, rng)

@@ -63,7 +63,7 @@ def leaf_events(d) -> int:
     """Number of elementary DP events in a booked event (a stored dict or a dp-accounting event)."""
     import dp_accounting
 
-    from fedmem.dp.accountant import event_from_dict
+    from fedmem.dp.accountant import event_from_dict  # lazy: loads dp_accounting (~480 ms)
 
     ev = event_from_dict(d) if isinstance(d, dict) else d
     if isinstance(ev, dp_accounting.ComposedDpEvent):
@@ -126,7 +126,7 @@ def reference_support(data, q, f, truth) -> int:
     so the target is what a data-dependent threshold selection would have revealed
     (:func:`relevant_selection`).
     """
-    from fedmem.attacks.support import true_cardinality
+    from fedmem.attacks.support import true_cardinality  # lazy: loads sklearn, scipy, numpy (~2.6 s)
 
     if not is_broadcast(f):
         return true_cardinality(truth)
@@ -141,7 +141,7 @@ def float_hypotheses(feds: dict, truths: dict):
     game, so it computes both sums offline; ``ground_truth`` is that computation, with the
     parties' fixed-point encoding. Returns ``bad(resp, world)``: the coordinates of
     ``resp.value`` (and of noised receipts) that ``world`` cannot have produced."""
-    from fedmem.attacks import float_bits as FB
+    from fedmem.attacks import float_bits as FB  # lazy: ~13 ms, no heavy package
 
     def scale_of(pol, mech):
         return mech.sigma if pol.noise == "gaussian" else mech.scale
@@ -222,7 +222,7 @@ def neighbours(data, shard: int, key, value, relation: str, rng) -> dict:
     the replace-one sensitivity ``2 clip`` already. ``"add-remove"``: the world without is the
     dataset without the record; shard sizes then differ between the worlds, and any decision
     taken from them is a channel the games measure (judged against each world's booking)."""
-    from fedmem.bench.shards import with_record
+    from fedmem.bench.shards import with_record  # lazy: ~51 ms, no heavy package
 
     if relation not in NEIGHBOURS:
         raise ValueError(f"relation must be one of {NEIGHBOURS}. Found {relation!r}.")
@@ -261,6 +261,6 @@ def booked_mu_per_world(g: dict) -> float | None:
 
 def has_support_event(resp) -> bool:
     """The response's booked event has a support part besides the value (aggregator plan order)."""
-    from fedmem.attacks.observable import support_events
+    from fedmem.attacks.observable import support_events  # lazy: loads sklearn, scipy, numpy (~2.6 s)
 
     return bool(support_events(resp))

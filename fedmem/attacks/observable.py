@@ -95,7 +95,7 @@ def observe_batch(client, qs, families=None) -> list[Observation]:
 
 def observe_one(client, q) -> Observation:
     """Ask one query through ``client.retrieve`` and time it (perf_counter)."""
-    from fedmem.errors import FedmemError
+    from fedmem.errors import FedmemError  # lazy: ~1 ms, no heavy package
 
     t0 = time.perf_counter()
     try:
@@ -112,8 +112,8 @@ def booked_epsilon(observations: Sequence[Observation], delta: float, kind: str 
     of the DP events the responses carry. Refusals book nothing. An answer whose event
     is unknown (``event=None`` while it carries a ``"value"`` channel) counts as infinite.
     """
-    from fedmem.dp import Accountant
-    from fedmem.dp.accountant import event_from_dict
+    from fedmem.dp import Accountant  # lazy: loads dp_accounting (~180 ms)
+    from fedmem.dp.accountant import event_from_dict  # lazy: loads dp_accounting (~86 ms)
 
     events = []
     for o in observations:
@@ -154,7 +154,7 @@ def latency_score(obs: Observation) -> float:
 def averaged_value_score(observations: Sequence[Observation], target_value) -> float:
     """``retry_averaging`` / ``near_duplicate``: projection of the mean of the answered values
     on the target's value (``<mean r, v> / ||v||``); -1e6 when nothing was answered."""
-    from fedmem.attacks.support import REJECTED_SCORE, value_score
+    from fedmem.attacks.support import REJECTED_SCORE, value_score  # lazy: ~18 ms, no heavy package
 
     vals = [np.asarray(o.response.value, dtype=np.float64) for o in observations if o.answered]
     if not vals:
@@ -288,7 +288,7 @@ def support_events(response) -> list:
     aggregator's plans list the value channel first), as dp-accounting events."""
     import dp_accounting
 
-    from fedmem.dp.accountant import event_from_dict
+    from fedmem.dp.accountant import event_from_dict  # lazy: loads dp_accounting (~86 ms)
 
     ev = getattr(response, "event", None)
     if not ev:
@@ -303,7 +303,7 @@ class _EventOnly:
     """A stand-in response carrying one booked event (for composing support parts)."""
 
     def __init__(self, event):
-        from fedmem.dp.accountant import event_to_dict
+        from fedmem.dp.accountant import event_to_dict  # lazy: loads dp_accounting (~86 ms)
 
         self.event = event_to_dict(event)
         self.channels = ("support",)

@@ -258,7 +258,7 @@ def effective_epsilon(sigma: float, n_realized: int, n_calibrated: int, delta: f
     n_calibrated`` (papers/003, "Noise-scale mismatch"): the aggregator's
     :func:`~fedmem.federation.aggregator.delivered_epsilon` at that multiplier.
     """
-    from fedmem.federation.aggregator import delivered_epsilon
+    from fedmem.federation.aggregator import delivered_epsilon  # lazy: loads dp_accounting (~280 ms)
 
     sigma = V.positive("sigma", sigma)
     n_realized = V.positive_int("n_realized", n_realized)
