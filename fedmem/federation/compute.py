@@ -112,7 +112,7 @@ class Engine:
         # the routes a gateway may admit a query by: its primary policy, or the support-safe broadcast
         self.policies = {"primary": self.policy, "fallback": self.safe_policy}
 
-        from fedmem._ray import ensure_ray
+        from fedmem._ray import ensure_ray  # lazy: ~1 ms, no heavy package
 
         if parties is not None:     # checked before anything starts
             if not isinstance(parties, Parties):
@@ -127,7 +127,7 @@ class Engine:
             if parties is not None:
                 self.parties = parties
             else:
-                from fedmem.federation import mpc
+                from fedmem.federation import mpc  # lazy: ~110 ms, no heavy package
 
                 if config.mpc == "plaintext":
                     self.parties = mpc.PlaintextParties(config.parties)
@@ -303,7 +303,7 @@ class Engine:
     # ------------------------------------------------------------------ evaluation
     def ground_truth_many(self, qs) -> list[Truth]:
         """Exact selection (plaintext, same encoding and tie-break as the parties); evaluation only."""
-        from fedmem.federation.mpc import plaintext_mask
+        from fedmem.federation.mpc import plaintext_mask  # lazy: ~110 ms, no heavy package
 
         q = self.queries(qs)
         sel = self.policy.selection

@@ -14,14 +14,14 @@ from __future__ import annotations
 def federation_config(cfg):
     """``FederationConfig`` from the ``[federation]`` section, which is derived from its knobs
     (``fedmem.params.schema_of``): every key is a field."""
-    from fedmem.federation.config import FederationConfig
+    from fedmem.federation.config import FederationConfig  # lazy: ~63 ms, no heavy package
 
     return FederationConfig(**cfg.federation.to_dict())
 
 
 def make_federation(config, data, *, accountant, rng, ray_address, parties=None):
     """Indirection so tests can substitute a small fake with the same API."""
-    from fedmem.federation.engine import Federation
+    from fedmem.federation.engine import Federation  # lazy: loads dp_accounting, numpy (~750 ms)
 
     return Federation(config, data, accountant=accountant, rng=rng, ray_address=ray_address, parties=parties)
 
@@ -38,12 +38,12 @@ class Services:
 
     def __init__(self, cfg, ray_address):
         self.owns_ray, self.parties = False, None
-        from fedmem._ray import ensure_ray
+        from fedmem._ray import ensure_ray  # lazy: ~1 ms, no heavy package
 
         opts = cfg.get("ray", {}) if hasattr(cfg, "get") else {}
         self.owns_ray = ensure_ray(ray_address, num_cpus=opts.get("num_cpus") or None,
                                    object_store_mb=opts.get("object_store_mb") or None)
-        from fedmem.federation import mpc
+        from fedmem.federation import mpc  # lazy: loads numpy (~390 ms)
 
         f = cfg.federation
         try:

@@ -63,7 +63,7 @@ class _CryptenParty:
         os.environ.update(env)
 
     def init(self, rendezvous: str):
-        from fedmem._crypten import crypten
+        from fedmem._crypten import crypten  # lazy: loads crypten, torch, onnx (~6.1 s)
 
         self._env(self.rank, rendezvous)
         crypten.cfg.mpc.provider = self.provider
@@ -73,7 +73,7 @@ class _CryptenParty:
 
     def serve_ttp(self, rendezvous: str):
         """TTP provider only: run CrypTen's trusted-third-party server loop (returns at shutdown)."""
-        from fedmem._crypten import crypten
+        from fedmem._crypten import crypten  # lazy: loads crypten, torch, onnx (~6.1 s)
         from crypten.mpc.provider.ttp_provider import TTPServer
 
         self._env(self.world_size, rendezvous)
@@ -106,7 +106,7 @@ class _CryptenParty:
 
         import torch
 
-        from fedmem._crypten import comm
+        from fedmem._crypten import comm  # lazy: loads crypten, torch, onnx (~6.1 s)
 
         meta = self.load(packets, timeout_s, run_id)
         if "error" in meta:
@@ -127,7 +127,7 @@ class _CryptenParty:
         return self.run(spec, impl, shards_sorted)
 
     def run(self, spec, impl="auto", shards_sorted=False):
-        from fedmem._crypten import comm
+        from fedmem._crypten import comm  # lazy: loads crypten, torch, onnx (~6.1 s)
 
         if self._loaded is None:
             raise MpcFailure("run called without loaded packets.")
@@ -141,7 +141,7 @@ class _CryptenParty:
         out["_stats"] = {"seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
                          "rounds": int(st["rounds"]), "bytes": int(st["bytes"])}
         out["_ids"] = ids
-        from fedmem.federation.mpc.rounds import prefill_async
+        from fedmem.federation.mpc.rounds import prefill_async  # lazy: loads torch (~2.5 s)
 
         prefill_async()   # correlated randomness for the next query, generated while this party is idle
         return out
@@ -173,8 +173,8 @@ class _CryptenParty:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
     def shutdown(self):
-        from fedmem._crypten import crypten
-        from fedmem.federation.mpc.rounds import pause_prefill
+        from fedmem._crypten import crypten  # lazy: loads crypten, torch, onnx (~6.1 s)
+        from fedmem.federation.mpc.rounds import pause_prefill  # lazy: loads torch (~2.5 s)
 
         pause_prefill()
 
@@ -294,7 +294,7 @@ class CryptenParties(Parties):
     def _start(self):
         import ray
 
-        from fedmem._ray import ensure_ray
+        from fedmem._ray import ensure_ray  # lazy: ~5 ms, no heavy package
 
         ensure_ray()
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_CryptenParty)

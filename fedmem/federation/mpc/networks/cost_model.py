@@ -58,7 +58,7 @@ def impl_costs(S: int, m: int, k: int, shards_sorted: bool = False) -> dict:
 
     Rounds are those of a 2-party run including the secure sum and the final opening;
     comparisons count every compared pair (63-bit or small-range)."""
-    from fedmem.federation.mpc.rounds import bits_for, ltz_rounds
+    from fedmem.federation.mpc.rounds import bits_for, ltz_rounds  # lazy: loads torch (~2.5 s)
 
     N = S * m
     full = ltz_rounds(2)

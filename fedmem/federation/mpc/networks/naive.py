@@ -13,7 +13,7 @@ from fedmem.federation.sharing import FRAC_BITS, MASK_FILL, SelectionSpec, encod
 
 def naive_program(scores, values, valid, m: int, spec: SelectionSpec, rank: int) -> dict:
     """The naive baseline on CrypTen's ``MPCTensor``: ``k`` sequential argmaxes."""
-    from fedmem._crypten import MPCTensor
+    from fedmem._crypten import MPCTensor  # lazy: loads crypten, torch, onnx (~6.1 s)
     from crypten.mpc.primitives import ArithmeticSharedTensor
 
     B, N = scores.shape

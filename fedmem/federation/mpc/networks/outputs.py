@@ -20,7 +20,7 @@ of int64); beyond it the sum runs in blocks of candidates, one round per block."
 
 def open_outputs(R, mask, vals, B: int, S: int, m: int, spec: SelectionSpec) -> dict:
     """Secure sum (one matmul round), count and tallies (linear), opened in one round."""
-    from fedmem.federation.mpc.rounds import mul
+    from fedmem.federation.mpc.rounds import mul  # lazy: loads torch (~2.5 s)
 
     opened, names = [], []
     if "sum" in spec.reveal:

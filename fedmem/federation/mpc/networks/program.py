@@ -39,7 +39,7 @@ def secure_program(scores, values, valid, m: int, spec: SelectionSpec, rank: int
     """
     import torch
 
-    from fedmem.federation.mpc import rounds as MR
+    from fedmem.federation.mpc import rounds as MR  # lazy: loads torch (~2.5 s)
 
     B, N = scores.shape
     S = N // m

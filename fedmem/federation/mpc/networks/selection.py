@@ -42,7 +42,7 @@ def rank_gen(R, e, val, k: int, first: bool):
     candidates that beat ``t``) is linear in the pair bits. 15 rounds with 2 parties."""
     import torch
 
-    from fedmem.federation.mpc.rounds import bits_for
+    from fedmem.federation.mpc.rounds import bits_for  # lazy: loads torch (~2.5 s)
 
     B, N = e.shape
     I, J = torch.triu_indices(N, N, offset=1)
@@ -70,7 +70,7 @@ def grouped_gen(R, e, val, m: int, k: int, first: bool, G: int):
     """
     import torch
 
-    from fedmem.federation.mpc.rounds import bits_for
+    from fedmem.federation.mpc.rounds import bits_for  # lazy: loads torch (~2.5 s)
 
     B, N = e.shape
     S = N // m
