@@ -39,6 +39,7 @@ index instead of one per agent process.
 from __future__ import annotations
 
 import numpy as np
+from fedmem.errors import SupportPrivacyViolation
 
 REFUSED = "__refused__"
 
@@ -71,7 +72,6 @@ class FederationService:
         included, is refused like any other refusal (the query id is still issued)."""
         import time
 
-        from fedmem.errors import SupportPrivacyViolation  # lazy: ~1 ms, no heavy package
 
         t = time.perf_counter()
         self.calls += 1

@@ -41,6 +41,7 @@ import math
 from collections import Counter
 
 import numpy as np
+from fedmem.errors import SupportPrivacyViolation
 
 REPORT_DELTA_PURE = 1e-9   # delta passed to the lower bound for pure-DP boundaries (app, external)
 
@@ -255,7 +256,6 @@ def federation_games(service, neighbour, target, trials: int, rng: np.random.Gen
     from fedmem.agent.federation_service import RemoteMemoryClient  # lazy: ~29 ms, no heavy package
     from fedmem.attacks.observable import near_duplicates  # lazy: loads sklearn, scipy, numpy (~2.6 s)
     from fedmem.attacks.support import REJECTED_SCORE  # lazy: loads sklearn, scipy, numpy (~2.6 s)
-    from fedmem.errors import SupportPrivacyViolation  # lazy: ~2 ms, no heavy package
 
     _, _, key, _ = target
     qs = near_duplicates(key, trials, radius, rng)

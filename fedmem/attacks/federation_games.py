@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from fedmem.attacks import float_bits as FB
 
 ATTACKS = ("reconstruction", "differencing", "noise_scale", "refusal_content", "admission_oracle", "timing",
            "retry_averaging", "near_duplicate", "float_bits", "principal_spreading", "retries")
@@ -141,7 +142,6 @@ def float_hypotheses(feds: dict, truths: dict):
     game, so it computes both sums offline; ``ground_truth`` is that computation, with the
     parties' fixed-point encoding. Returns ``bad(resp, world)``: the coordinates of
     ``resp.value`` (and of noised receipts) that ``world`` cannot have produced."""
-    from fedmem.attacks import float_bits as FB  # lazy: ~13 ms, no heavy package
 
     def scale_of(pol, mech):
         return mech.sigma if pol.noise == "gaussian" else mech.scale

@@ -47,6 +47,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from fedmem import _validate as V
+from fedmem.attacks.support import REJECTED_SCORE, value_score
+from fedmem.errors import FedmemError
 
 OBSERVABLE_ATTACKS = ("refusal_content", "admission_oracle", "timing", "retry_averaging", "near_duplicate")
 
@@ -95,7 +97,6 @@ def observe_batch(client, qs, families=None) -> list[Observation]:
 
 def observe_one(client, q) -> Observation:
     """Ask one query through ``client.retrieve`` and time it (perf_counter)."""
-    from fedmem.errors import FedmemError  # lazy: ~1 ms, no heavy package
 
     t0 = time.perf_counter()
     try:
@@ -154,7 +155,6 @@ def latency_score(obs: Observation) -> float:
 def averaged_value_score(observations: Sequence[Observation], target_value) -> float:
     """``retry_averaging`` / ``near_duplicate``: projection of the mean of the answered values
     on the target's value (``<mean r, v> / ||v||``); -1e6 when nothing was answered."""
-    from fedmem.attacks.support import REJECTED_SCORE, value_score  # lazy: ~18 ms, no heavy package
 
     vals = [np.asarray(o.response.value, dtype=np.float64) for o in observations if o.answered]
     if not vals:

@@ -23,6 +23,11 @@ import numpy as np
 
 from fedmem.report import Result, Table
 from fedmem.scenario import Experiment, Param, open_unit, positive
+from fedmem import figures as F
+from fedmem._ray import ensure_ray
+from fedmem.agent.federation_service import start_federation_service
+from fedmem.attacks import agent_boundaries as adv
+from fedmem.bench.shards import make_clustered_shards, without_record
 
 SCHEMA = {
     "agents": {
@@ -110,12 +115,8 @@ def run(cfg, ctx) -> Result:
 
     import ray
 
-    from fedmem._ray import ensure_ray  # lazy: ~5 ms, no heavy package
-    from fedmem.attacks import agent_boundaries as adv  # lazy: ~8 ms, no heavy package
     from fedmem.agent.dpmind import load_minilm  # lazy: loads dp_accounting (~420 ms)
-    from fedmem.agent.federation_service import start_federation_service  # lazy: ~9 ms, no heavy package
     from fedmem.agent.session import open_session  # lazy: loads dp_accounting (~110 ms)
-    from fedmem.bench.shards import make_clustered_shards, without_record  # lazy: ~13 ms, no heavy package
     from fedmem.experiments.agent_worlds import make_world  # lazy: loads dp_accounting (~220 ms)
 
     fcfg, acfg = _fed_config(cfg), _agent_config(cfg)
@@ -311,8 +312,6 @@ def _boundary_rows(games, fed_util) -> list:
 
 
 def _plot(ctx, users, eps, composed):
-    from fedmem import figures as F  # lazy: ~14 ms, no heavy package
-
     plt = F.pyplot()
     x = np.arange(len(users))
     fig, ax = plt.subplots(figsize=(max(5, 0.35 * len(users) + 2), 3.8))

@@ -32,6 +32,7 @@ from fedmem.dp import (
 from fedmem.errors import BudgetExceeded
 from fedmem.report import Result, Table
 from fedmem.scenario import Experiment, Param, open_unit, positive
+from fedmem.attacks import float_bits as FB
 
 SCHEMA = {
     "data": {
@@ -80,7 +81,6 @@ def float_bits_audit(x: np.ndarray, mech, sampling: str, trials: int, rng, delta
     calibrated for). Each release is scored by the float low-bit reachability attack; returns
     (AUC, Verdict) against the epsilon of one release at ``delta``."""
     from fedmem.attacks import audit  # lazy: loads sklearn, scipy, numpy (~2.6 s)
-    from fedmem.attacks import float_bits as FB  # lazy: ~17 ms, no heavy package
     from fedmem.attacks.verdict import judge  # lazy: loads sklearn, scipy, numpy (~2.6 s)
 
     x_nb = x.copy()

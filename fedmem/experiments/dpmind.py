@@ -44,6 +44,7 @@ from fedmem.bench.multihop import make_multihop_sample
 from fedmem.bench.niah import VARIANTS, make_sample, sentence_stream
 from fedmem.report import Result, Table
 from fedmem.scenario import Experiment, Param, at_least, nonempty_each, open_unit, positive
+from fedmem import figures as F
 
 CONFIGS = ("memory+denoise", "memory", "chunk_only+denoise", "chunk_only")
 TASKS = ("single", "multi_key", "multi_query")
@@ -351,8 +352,6 @@ EPSILON_NOTE = (
 
 
 def _plot(ctx, epsilons, lengths, mean, bench, mech_kind):
-    from fedmem import figures as F  # lazy: ~5 ms, no heavy package
-
     plt = F.pyplot()
     fig, axes = plt.subplots(1, len(lengths), figsize=(4 * len(lengths), 3.4), sharey=True, squeeze=False)
     for ax, L in zip(axes[0], lengths):

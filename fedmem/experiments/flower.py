@@ -51,6 +51,8 @@ from fedmem.experiments.flower_faults import (chi2_std_ci, eps_of, explain_fault
 from fedmem.experiments.flower_schema import DP_CHOICES, SCHEMA, cross_checks
 from fedmem.report import Result, Table
 from fedmem.scenario import Experiment
+from fedmem.bench.shards import sample_queries
+from fedmem.experiments.flower_ray_engine import column_config, config_summary, run_ray_engine
 
 __all__ = ["DP_CHOICES", "EXPERIMENTS", "SCHEMA", "cross_checks", "run"]
 
@@ -108,7 +110,6 @@ class _Plan:
 def _plan(cfg, ctx) -> _Plan:
     """Step 1: the shards, the reconstruction queries, the membership rounds (both worlds,
     shuffled), the fault rounds and the true contributing-shard counts."""
-    from fedmem.bench.shards import sample_queries  # lazy: ~14 ms, no heavy package
     from fedmem.flower.apps import build_world, world_spec  # lazy: loads flwr, dp_accounting, grpc (~800 ms)
     from fedmem.flower.fixedpoint import SecAggGrid  # lazy: loads flwr, dp_accounting, grpc (~800 ms)
 
@@ -134,7 +135,6 @@ def _plan(cfg, ctx) -> _Plan:
 
 def _run_ray_column(cfg, ctx, plan: _Plan, metrics: dict):
     """Step 2: the "ray" engine column: same shards, queries and candidate, in this process (Ray + CrypTen)."""
-    from fedmem.experiments.flower_ray_engine import run_ray_engine  # lazy: ~3 ms, no heavy package
 
     f, a = cfg.federation, cfg.attack
     ctx.log(f"ray engine: {cfg.ray_engine.mpc} parties, threshold selection, {f.shards} shards")
@@ -252,7 +252,6 @@ def _flower_observer_rows(runs: dict, plan: _Plan, f, table: _VerdictRows) -> No
 
 def _ray_engine_rows(ray_out: dict, cfg, truths, metrics: dict, table: _VerdictRows) -> None:
     """Step 5: the Ray engine column's rows (undefended, defended): the querying agent's view."""
-    from fedmem.experiments.flower_ray_engine import column_config, config_summary  # lazy: ~3 ms, no heavy package
 
     f = cfg.federation
     for variant in ("undefended", "defended"):

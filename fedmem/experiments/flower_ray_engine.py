@@ -28,6 +28,9 @@ import math
 import time
 
 import numpy as np
+from fedmem._ray import ensure_ray
+from fedmem.bench.shards import with_record
+from fedmem.errors import SupportPrivacyViolation
 
 CONFIGS = ("undefended", "defended")
 
@@ -66,11 +69,8 @@ def run_ray_engine(f, r, data, targets, queries, repeats: int, *, rng_for, ray_a
 
     ``rng_for(*names)``: the run's named generators (``ctx.rng``).
     """
-    from fedmem._ray import ensure_ray  # lazy: ~2 ms, no heavy package
     from fedmem.attacks.support import differencing_score, reconstruct_cardinality, true_cardinality  # lazy: loads sklearn, scipy, numpy (~2.6 s)
-    from fedmem.bench.shards import with_record  # lazy: ~14 ms, no heavy package
     from fedmem.dp import Accountant  # lazy: loads dp_accounting (~140 ms)
-    from fedmem.errors import SupportPrivacyViolation  # lazy: ~2 ms, no heavy package
     from fedmem.federation import mpc  # lazy: ~120 ms, no heavy package
     from fedmem.federation.engine import Federation  # lazy: loads dp_accounting (~240 ms)
 

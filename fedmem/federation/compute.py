@@ -37,6 +37,7 @@ from fedmem.federation.config import FederationConfig
 from fedmem.federation.parties import Parties
 from fedmem.federation.shard_host import host_actor_class, split_shards
 from fedmem.federation.sharing import SelectionSpec, decode, encode, new_run_id
+from fedmem._ray import ensure_ray
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,6 @@ class Engine:
         # the routes a gateway may admit a query by: its primary policy, or the support-safe broadcast
         self.policies = {"primary": self.policy, "fallback": self.safe_policy}
 
-        from fedmem._ray import ensure_ray  # lazy: ~1 ms, no heavy package
 
         if parties is not None:     # checked before anything starts
             if not isinstance(parties, Parties):

@@ -9,6 +9,7 @@ indirection so tests can substitute a deliberately broken federation with the sa
 """
 
 from __future__ import annotations
+from fedmem._ray import ensure_ray
 
 
 def federation_config(cfg):
@@ -38,7 +39,6 @@ class Services:
 
     def __init__(self, cfg, ray_address):
         self.owns_ray, self.parties = False, None
-        from fedmem._ray import ensure_ray  # lazy: ~1 ms, no heavy package
 
         opts = cfg.get("ray", {}) if hasattr(cfg, "get") else {}
         self.owns_ray = ensure_ray(ray_address, num_cpus=opts.get("num_cpus") or None,

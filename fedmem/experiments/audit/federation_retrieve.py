@@ -12,6 +12,7 @@ import numpy as np
 from fedmem.attacks import tight as T
 
 from .book import Book
+from fedmem.federation.config import FederationConfig
 
 
 def canary_federation_data(m: int, clip: float, included: np.ndarray, key_dim: int = 4):
@@ -38,7 +39,6 @@ def canary_federation_data(m: int, clip: float, included: np.ndarray, key_dim: i
 
 def _retrieve_scores(cfg, ctx, sigma: float, retrievals: int, tag: str, parties=None):
     from fedmem.dp import Accountant  # lazy: loads dp_accounting (~190 ms)
-    from fedmem.federation.config import FederationConfig  # lazy: ~7 ms, no heavy package
     from fedmem.federation.engine import Federation  # lazy: loads dp_accounting (~350 ms)
 
     F, a = cfg.federation, cfg.aggregator

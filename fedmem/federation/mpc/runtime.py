@@ -15,6 +15,7 @@ from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, 
 from fedmem.federation.mpc.networks import IMPLS, PROVIDERS, secure_program
 from fedmem.federation.parties import Parties
 from fedmem.federation.sharing import REVEALABLE, PartyKey, Revealed, SelectionSpec
+from fedmem._ray import ensure_ray
 
 
 class _CryptenParty:
@@ -294,7 +295,6 @@ class CryptenParties(Parties):
     def _start(self):
         import ray
 
-        from fedmem._ray import ensure_ray  # lazy: ~5 ms, no heavy package
 
         ensure_ray()
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_CryptenParty)
