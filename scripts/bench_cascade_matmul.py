@@ -1,4 +1,4 @@
-"""Certified cascade: the bfloat16 candidate product against the float32 one (issue 22).
+"""Certified cascade: the bfloat16 candidate product against the float32 one.
 
 Both paths multiply the same bfloat16-rounded operands and round the scores to bfloat16,
 so the certified output is the same; only the speed differs. On a CPU without bfloat16

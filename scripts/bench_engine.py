@@ -11,9 +11,9 @@ interleaved (A B C A B C, so load drift favours none):
   query per call and B queries per ``retrieve_many`` call;
 * the CrypTen engine with sealing switched off (same process: the cost of sealing);
 * the CrypTen engine with the previous triple generator (``torch.randint`` on demand
-  instead of AES-CTR generated ahead between queries): before/after of issue 22;
+  instead of AES-CTR generated ahead between queries): before/after of the AES-CTR change;
 * the naive CrypTen loop (k sequential CrypTen argmaxes on ``MPCTensor``) on the same
-  engine's hosts' packets, B queries per call (the baseline of issue 22).
+  engine's hosts' packets, B queries per call (the baseline).
 
 Per configuration the text output gives a per-stage breakdown of a call: gateway and
 booking (the rest of ``retrieve_many``), shard hosts (scoring, sharing, sealing, one Ray
@@ -278,7 +278,7 @@ def fit_impl(a, data, qs, owns):
 
 
 def _torch_prg(fed: Federation, q):
-    """The previous triple generator (torch.randint, drawn on demand): the before of issue 22."""
+    """The previous triple generator (torch.randint, drawn on demand): the before."""
     import ray
 
     ray.get([a.configure.remote(prg="torch") for a in fed.parties.actors])

@@ -1,4 +1,4 @@
-"""Agents as Ray actors (issue 11): one actor per user against one federation service,
+"""Agents as Ray actors: one actor per user against one federation service,
 a killed agent actor loses no booked charge (a late-booking agent is caught by the same
 test), and every ledger survives a SIGKILL of the driver."""
 

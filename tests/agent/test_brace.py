@@ -227,7 +227,7 @@ def _jump_banks(M=1500, C=1500):
     return np.vstack([core, [[1.0]], far]), np.vstack([core, [[-1.0]], far])
 
 
-# N by power (issue 22): the raw-count companion must exceed 2 epsilon = 4. Its bound at N = 1000 /
+# N by power: the raw-count companion must exceed 2 epsilon = 4. Its bound at N = 1000 /
 # 2000 / 4000 draws a side (3 seed pairs each) is 4.16-4.20 / 4.84-4.91 / 5.46-5.55: N = 2000 keeps a
 # 0.8 margin (seed spread 0.07) at half the cost of 4000 (the BRACE-certified side is the slow one:
 # its bound is 0.0 already at N = 1000, against the claimed 2).
@@ -355,7 +355,7 @@ def test_scenario_rejects_gamma_violating_eq8():
         load_scenario("scenarios/brace_digits.toml", ["mechanism.gamma=0.25"])
 
 
-# ------------------------------------------------------------------ secure sampling (issue 9, item 8)
+# ------------------------------------------------------------------ secure sampling
 def two_adic_valuation(y) -> np.ndarray:
     """``v`` with ``y = odd * 2**v`` for each float (exact; 0 maps to +64).
 
@@ -419,7 +419,7 @@ def straddle_setting():
     return D, Dp, p
 
 
-# Sizes by power (issue 22): each broken variant must exceed epsilon = 2. grid_from_sigma on the straddle
+# Sizes by power: each broken variant must exceed epsilon = 2. grid_from_sigma on the straddle
 # banks is a certain distinguisher (outputs on disjoint grids): its bound depends only on n and alpha,
 # 2.75 at n = 500, 3.49 at 1000; raw_count on the jump banks: 4.15 at n = 1000, 4.75 at 2000. n = 1000
 # for both (was 2000): margins 1.5 and 2.1 over the claim.
@@ -502,7 +502,7 @@ def test_secure_grid_validation():
     assert np.all((out[inside] / 2.0 ** -10) == np.round(out[inside] / 2.0 ** -10))
 
 
-# ------------------------------------------------------------------ issue 14: tighter certificate, paper gamma
+# ------------------------------------------------------------------ tighter certificate, paper gamma
 def test_propagation_bound_is_strictly_tighter_where_annulus_bound_was_2r():
     """On the synthetic Sec. 6.1 bank, step 2 of BRACE: the pre-issue-14 annulus bound gives
     A^(0) = 2r; the clean-trajectory propagation bound is strictly below it (and the

@@ -1,4 +1,4 @@
-"""AgentClient (issue 11): a small session end to end, bookings checked against what left,
+"""AgentClient: a small session end to end, bookings checked against what left,
 broken variants caught by the same check, and a crash mid-task that loses no booked charge."""
 
 from __future__ import annotations

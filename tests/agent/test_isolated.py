@@ -1,4 +1,4 @@
-"""Real boundaries (issue 19): principals are capabilities, agents get no operator handle,
+"""Real boundaries: principals are capabilities, agents get no operator handle,
 and an isolated agent (own OS process outside Ray, own uid and network namespace when
 run as root) reaches nothing of the federation but its narrow RPC.
 
@@ -152,7 +152,7 @@ def _attempt(fn):
 
 
 def probe(agent) -> dict:
-    """The attacks of issue 19, as an agent's code would try them (plain values only)."""
+    """The boundary attacks, as an agent's code would try them (plain values only)."""
     import socket
     import sqlite3
 

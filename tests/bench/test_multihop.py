@@ -79,7 +79,7 @@ def test_memory_joins_facts_across_chunks_and_chunk_only_cannot(minilm, chain_ty
     """Clean-ish context (epsilon 5000 leaves every token): the 2-hop memory agent answers,
     chunk-only (no propagation) and a 1-hop agent do not. This is what the multihop task
     measures; if the generator put both facts in one chunk, or the agent ignored the
-    bridge, this test fails. Issue 22: 1,500 tokens in 5 chunks of 300 (was 3,000 in 8 of
+    bridge, this test fails. 1,500 tokens in 5 chunks of 300 (was 3,000 in 8 of
     400): the property needs the two facts two or more chunks apart, not a long context;
     the scenario-scale run is ``fedmem run scenarios/dpmind_multihop.toml`` (docs/dpmind.md)."""
     table, codec = minilm

@@ -396,7 +396,7 @@ def test_list_at_80_columns_shows_whole_file_names():
         assert any(line.split()[:1] == [f.stem] for line in lines), f.stem   # one line per scenario: name, kind
 
 
-# ------------------------------------------------------------------ a run folder is one run (issue 24)
+# ------------------------------------------------------------------ a run folder is one run
 def _bytes(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 

@@ -206,7 +206,7 @@ def test_samplers_are_deterministic_given_the_generator(which):
 
 
 # ------------------------------------------------------------ exponential mechanism
-# EM_DRAWS by power (issue 22): against the 1.2x-epsilon variant of test_em_chi2_has_power the
+# EM_DRAWS by power: against the 1.2x-epsilon variant of test_em_chi2_has_power the
 # chi-square statistic (5 df) has noncentrality n * sum((p' - p)^2 / p) = 106.7 at n = 5000; its
 # critical value at ALPHA = 1e-6 is 35.9, so the power is 1 - 2e-6 (was 20,000: 4x the time).
 EM_DRAWS = 5000

@@ -85,7 +85,7 @@ def test_one_federated_retrieval_is_audited(tmp_path, ray_local):
     assert "one_run" in f["estimators"] and math.isfinite(f["estimators"]["one_run"]["eps_lower"])
 
 
-# ------------------------------------------------------------------ Flower rounds and one BRACE step (issue 20)
+# ------------------------------------------------------------------ Flower rounds and one BRACE step
 def _section(tmp_path, fn, extra):
     sc = load_scenario("scenarios/audit_tightness.toml", SMALL + extra)
     ctx = RunContext(tmp_path / "run", sc.config["seed"], show_progress=False, quiet=True)

@@ -140,7 +140,7 @@ def test_channel_validation():
 # --------------------------------------------------------------- statistical privacy tests
 N_SAMPLES = 8000
 ALPHA = 1e-3
-# Sample sizes by power (issue 22). Simulated with the exact laws of the projected releases
+# Sample sizes by power. Simulated with the exact laws of the projected releases
 # (normal / Laplace with the shift-to-noise ratio of each case), 100 repeats through _eps_lb at
 # ALPHA for n in {2000, 3000, 4000, 8000}: N_SAMPLES = 8000 is
 # what the realized case needs for its power check lb > 0.2 (1st percentile 0.245 at 8000, pass
@@ -244,13 +244,13 @@ def _noised_value_samples(pol, rng, samples=N_SAMPLES):
 
 @pytest.mark.parametrize("calibration", ["realized", "global"])
 def test_value_channel_with_noised_denominator(calibration):
-    """Issue 9 item 3: with noised receipts the mean is divided by the noised count D. Realized
+    """With noised receipts the mean is divided by the noised count D. Realized
     calibration puts the noise on the sum, so the value is within its booked GaussianDpEvent(sigma);
     global calibration (noise sized for n_bound, the broken variant) delivers sigma * D / n_bound
     and is caught by the same check."""
     pol = policy(receipts="noised", receipt_sigma=1.0, sigma=3.0, calibration=calibration, n_bound=20)
     booked = GaussianMechanism.from_noise_multiplier(3.0).epsilon(DELTA)
-    # n by power (issue 22), from the test's own sampler: the realized case needs 8000 for lb > 0.2
+    # n by power, from the test's own sampler: the realized case needs 8000 for lb > 0.2
     # (0.318 at 8000; 0.23-0.32 over 4 seeds at 4000); the broken global case is caught with a wide
     # margin at 4000 (2.56-2.66 over 4 seeds, 2.71 at 8000, against the booked 1.45).
     a, b = _noised_value_samples(pol, np.random.default_rng(31), samples=N_SAMPLES if calibration == "realized"

@@ -108,7 +108,7 @@ def test_selection_spec_rejects_bad_values(kwargs, match):
         SelectionSpec("topk", reveal="sum")
 
 
-# ----------------------------------------------------------------------------- sealed share packets (issue 19)
+# ----------------------------------------------------------------------------- sealed share packets
 
 def _sealed_fixture(rng, party=0):
     from fedmem.federation.sharing import PartyKey, new_run_id, seal_packet

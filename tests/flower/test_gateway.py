@@ -130,7 +130,7 @@ def test_wrapper_refuses_a_round_whose_reply_set_or_receipts_leak(case):
     (dict(total_epsilon_budget=0.5), "total_epsilon_budget"),
 ])
 def test_a_wrapper_that_could_never_admit_a_round_raises_at_construction(kw, name):
-    """Issue 21: no silent refusal of every round (exit 0, eps/round inf); the error names the
+    """No silent refusal of every round (exit 0, eps/round inf); the error names the
     argument and the fix."""
     with pytest.raises(ValueError, match=name) as e:
         _gateway(**kw)

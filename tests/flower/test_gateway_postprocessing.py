@@ -1,4 +1,4 @@
-"""Issue 18: the wrapped Flower strategy is post-processing of the release the gateway books.
+"""The wrapped Flower strategy is post-processing of the release the gateway books.
 
 The gateway computes the noised sum of the replies itself (exact discrete Gaussian on a
 public grid) and hands the wrapped strategy only the noised mean. So FedMedian and FedAdam

@@ -1,4 +1,4 @@
-"""Issue 21: the Message-API gateway (Flower 1.42 ``flwr.serverapp.strategy``), its accountant
+"""The Message-API gateway (Flower 1.42 ``flwr.serverapp.strategy``), its accountant
 conventions and loud configuration errors, and the light ``import fedmem.flower``."""
 
 from __future__ import annotations

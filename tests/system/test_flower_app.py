@@ -1,4 +1,4 @@
-"""Issue 21: ``flwr run . --stream`` of examples/flower-app completes offline in Flower's local
+"""``flwr run . --stream`` of examples/flower-app completes offline in Flower's local
 simulation and prints the privacy spent.
 
 The test runs exactly that command in the app folder. Its environment is the one a fedmem user

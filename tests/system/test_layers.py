@@ -1,4 +1,4 @@
-"""The import-linter contracts of pyproject.toml (docs/architecture.md, issue 23).
+"""The import-linter contracts of pyproject.toml (docs/architecture.md, "Layers, held by import-linter").
 
 ``make test`` runs ``lint-imports`` before pytest; this test runs the same contracts on the
 tree (they must be kept) and, so that it can fail, on a copy of ``fedmem/`` with one

@@ -142,7 +142,7 @@ def test_niah_high_epsilon_memory_and_chunk_only(minilm, ivf):
     count = lambda s: int(codec.encode(s).size)  # noqa: E731
     for v in VARIANTS:
         hay, needle = VARIANTS[v]
-        # Issue 22: 1,500 tokens in chunks of 350 (was 3,000 in 700): still 5 chunks with
+        # 1,500 tokens in chunks of 350 (was 3,000 in 700): still 5 chunks with
         # distractor keys, so memory vs chunk-only is exercised as before.
         s = make_sample(1500, haystack=hay, needle=needle, task="multi_key", rng=np.random.default_rng(2),
                         count_tokens=count)

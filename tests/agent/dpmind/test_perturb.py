@@ -296,7 +296,7 @@ def test_cascade_recall_against_exact_at_scenario_epsilons(minilm, exact, cascad
     """bfloat16 candidates + exact re-rank: recall@1 >= 0.99 against exact where the NIAH curve moves.
 
     Post-processing of the noisy embedding, so privacy is unchanged; recall is utility.
-    Sized by power (issue 22): 1,000 tokens per epsilon; a projector whose true recall is
+    Sized by power: 1,000 tokens per epsilon; a projector whose true recall is
     0.98 passes one epsilon (>= 990 hits) with probability P(Bin(1000, 0.98) >= 990) ~ 0.012,
     so the check has power ~0.99 against recall 0.98 at each epsilon. The scale measurement
     (recall@1 on 2,048-200,000 tokens) is ``scripts/bench_dpmind.py`` (docs/dpmind.md).
@@ -443,7 +443,7 @@ def coordinate_laplace_profile(eps: float, diff: np.ndarray, eps_primes, n: int 
     under test); the Monte Carlo mean is rounded up by 5 standard errors + 1e-4, so each
     value is an upper bound except with probability below 3e-7.
 
-    Sized by power (issue 22): n = 50,000 (was 200,000) keeps that guarantee (it holds at
+    Sized by power: n = 50,000 (was 200,000) keeps that guarantee (it holds at
     any n) and loosens the deltas by about 0.005 (cat/dog at eps 1.5: 0.553 / 0.380 / 0.226
     / 0.114 against 0.548 / 0.375 / 0.222 / 0.112); the broken sampler's excess over the
     claim stays +0.61 (cat/dog) and +2.53 (cat/cats) against +0.62 and +2.55 at 200,000, the

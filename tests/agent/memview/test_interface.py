@@ -329,7 +329,7 @@ def _sample_views(p, q, side, n, eps, seed, **kwargs):
 
 @pytest.mark.parametrize("eps", [2.0 / 3, 2.0])
 def test_per_turn_view_distribution_within_e_eps(pairs, eps):
-    # n (issue 22): at eps = 2/3 this is the check that test_per_turn_test_flags_capped_argmax runs on
+    # n: at eps = 2/3 this is the check that test_per_turn_test_flags_capped_argmax runs on
     # the broken variant, at that test's size (3000 a side, where the broken one is caught); at eps = 2
     # the power check lb > 0.1 keeps 8000.
     n = 3000 if eps < 1 else 8000
