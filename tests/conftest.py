@@ -108,3 +108,14 @@ def kill_processes_started_with(marker: str) -> list[int]:
                 pass
     return killed
 
+
+def two_adic_valuation(y) -> np.ndarray:
+    """``v`` with ``y = odd * 2**v`` for each float (exact; 0 maps to +64): the coarsest
+    power-of-two grid the output lies on, i.e. what its low bits say about the grid (the low-bit
+    statistic of tests/dp/test_mechanisms.py and tests/agent/test_brace.py)."""
+    y = np.asarray(y, dtype=np.float64)
+    mant, ex = np.frexp(y)
+    M = np.abs(mant * 2.0 ** 53).astype(np.int64)          # exact: |mant| < 1
+    low = M & -M
+    v = ex.astype(np.int64) - 53 + np.log2(np.maximum(low, 1)).astype(np.int64)
+    return np.where(y == 0, 64, v)

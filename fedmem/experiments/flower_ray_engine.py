@@ -42,7 +42,7 @@ def repeat_with_fresh_principals(fed, q, trials: int):
     ``mu`` the exact GDP parameter when that booking is Gaussian only, else None)."""
     pids = [fed.connect().principal for _ in range(trials)]
     got = fed.retrieve_many(np.repeat(np.asarray(q, dtype=np.float64)[None], trials, axis=0), principal=pids)
-    return got, [(fed.gateway.principal_spent(p), fed.gateway.principal_gdp_mu(p)) for p in pids]
+    return got, [fed.gateway.principal_booked(p) for p in pids]
 
 
 def column_config(f, r, variant: str):

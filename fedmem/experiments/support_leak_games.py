@@ -171,7 +171,7 @@ def _ask_trials(fed, qs, per_trial: int, max_batch: int):
         t0 = time.perf_counter()
         got = fed.retrieve_many(qs[i:i + max_batch], principal=plist[i:i + max_batch])
         obs += observations(got, (time.perf_counter() - t0) / max(1, len(got)))
-    return obs, [(fed.gateway.principal_spent(p), fed.gateway.principal_gdp_mu(p)) for p in pids]
+    return obs, [fed.gateway.principal_booked(p) for p in pids]
 
 
 def _count_fn(data, f):
@@ -291,9 +291,8 @@ def run_games(f: FederationConfig, a: AttackParams, data, new_federation: NewFed
                         client = feds[w].connect()
                         o = O.observe_one(client, key)
                         out["timing"]["pos" if w == "with" else "neg"].append(O.latency_score(o))
-                        label = feds[w].gateway.resolve(client.principal)
                         _book(out["timing"], "pos" if w == "with" else "neg",
-                              (client.epsilon_spent, feds[w].gateway.principal_gdp_mu(label)))
+                              feds[w].gateway.principal_booked(feds[w].gateway.resolve(client.principal)))
                         out["queries"] += 1
         finally:
             for fed in feds.values():

@@ -289,6 +289,10 @@ class Gateway:
             return None
         return math.sqrt(sum(m * m for m in mus))
 
+    def principal_booked(self, principal: str) -> tuple[float, float | None]:
+        """``(principal_spent, principal_gdp_mu)``: what the attack reports judge a trial against."""
+        return self.principal_spent(principal), self.principal_gdp_mu(principal)
+
     # ------------------------------------------------------------------ decision
     def decide(self, query_id: int, principal: str, family: str, retry_of: int | None,
                plans: dict[str, ReleasePlan]) -> Decision:

@@ -1,5 +1,5 @@
-"""Agent test doubles shared by agent/test_actors.py (Ray-actor agents) and agent/test_isolated.py
-(isolated agent processes). A module of its own, beside the tests, so that both the Ray workers
+"""Agent test doubles (and the lost-charge check) shared by agent/test_actors.py (Ray-actor agents)
+and agent/test_isolated.py (isolated agent processes). A module of its own, beside the tests, so that both the Ray workers
 and the isolated agents' zygote import the classes by name, as they import the test modules."""
 
 from __future__ import annotations
@@ -33,3 +33,14 @@ class LateBooking(SlowAfterRelease):
         out = super()._dpmind(task)
         AgentClient._book_dpmind(self, task)
         return out
+
+
+def lost_charges(ledger, released_contexts: int, released_feds: int) -> list[str]:
+    """What left (contexts the external model got, admitted federation releases) but is not on disk."""
+    s = ledger.summary()
+    problems = []
+    if s["dpmind"]["contexts"] < released_contexts:
+        problems.append(f"dpmind: {released_contexts} contexts released, {s['dpmind']['contexts']} on disk")
+    if s["federation"]["releases"] < released_feds:
+        problems.append(f"federation: {released_feds} releases, {s['federation']['releases']} on disk")
+    return problems

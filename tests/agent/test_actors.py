@@ -20,7 +20,7 @@ from fedmem.agent.client import AgentConfig
 from fedmem.agent.session import ActorSession
 from fedmem.experiments.agent_worlds import make_world
 from fedmem.bench.shards import make_clustered_shards
-from tests.agent.agent_doubles import LateBooking, SlowAfterRelease
+from tests.agent.agent_doubles import LateBooking, SlowAfterRelease, lost_charges
 from fedmem.federation.engine import FederationConfig
 
 FCFG = FederationConfig(shards=6, records_per_shard=12, key_dim=16, value_dim=8, k=3, k_local=2, mpc="plaintext",
@@ -57,15 +57,6 @@ def codec():
 
     return load_minilm()[1]
 
-
-def lost_charges(ledger, released_contexts: int, released_feds: int) -> list[str]:
-    s = ledger.summary()
-    problems = []
-    if s["dpmind"]["contexts"] < released_contexts:
-        problems.append(f"dpmind: {released_contexts} contexts released, {s['dpmind']['contexts']} on disk")
-    if s["federation"]["releases"] < released_feds:
-        problems.append(f"federation: {released_feds} releases, {s['federation']['releases']} on disk")
-    return problems
 
 
 def test_ledgers_survive_sigkill_of_the_driver(tmp_path, projector, ray_local, subprocess_env):

@@ -27,6 +27,7 @@ from fedmem.attacks.audit import histogram_epsilon_lower_bound
 from fedmem.dp import Accountant, ApproxDpEvent, DurableStore, GaussianMechanism
 from fedmem.dp import samplers
 from fedmem.errors import BudgetExceeded
+from tests.conftest import two_adic_valuation
 
 
 # ------------------------------------------------------------------ calibration (Step 6, Eq. (8))
@@ -356,18 +357,8 @@ def test_scenario_rejects_gamma_violating_eq8():
 
 
 # ------------------------------------------------------------------ secure sampling
-def two_adic_valuation(y) -> np.ndarray:
-    """``v`` with ``y = odd * 2**v`` for each float (exact; 0 maps to +64).
-
-    The coarsest power-of-two grid an output lies on: the low-bit statistic that told
-    neighbouring banks apart when the secure grid was derived from the private sigma_t.
-    """
-    y = np.asarray(y, dtype=np.float64)
-    mant, ex = np.frexp(y)
-    M = np.abs(mant * 2.0 ** 53).astype(np.int64)          # exact: |mant| < 1
-    low = M & -M
-    v = ex.astype(np.int64) - 53 + np.log2(np.maximum(low, 1)).astype(np.int64)
-    return np.where(y == 0, 64, v)
+# two_adic_valuation (tests/conftest.py): the low-bit statistic that told neighbouring banks apart
+# when the secure grid was derived from the private sigma_t.
 
 
 GRID_EDGES = np.arange(-70.5, 66.5, 1.0)   # one histogram bin per valuation

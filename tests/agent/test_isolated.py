@@ -25,7 +25,7 @@ from fedmem.agent.client import AgentClient, AgentConfig
 from fedmem.bench.shards import make_clustered_shards
 from fedmem.dp import Accountant, DurableStore
 from fedmem.errors import SupportPrivacyViolation
-from tests.agent.agent_doubles import LateBooking, SlowAfterRelease
+from tests.agent.agent_doubles import LateBooking, SlowAfterRelease, lost_charges
 from fedmem.federation.engine import Federation, FederationConfig
 from fedmem.federation.gateway import Principal
 
@@ -414,16 +414,6 @@ def test_isolated_agent_reaches_nothing_but_its_rpc(isolated_run, ray_local):
     assert ray.get(s.fed.stats.remote())["calls"] >= 4
     assert len(s.reopen_ledger(probes[0]).federation_bookings()) == 2   # the federation ledger is intact
 
-
-def lost_charges(ledger, released_contexts: int, released_feds: int) -> list[str]:
-    """What left (contexts the external model got, admitted federation releases) but is not on disk."""
-    s = ledger.summary()
-    problems = []
-    if s["dpmind"]["contexts"] < released_contexts:
-        problems.append(f"dpmind: {released_contexts} contexts released, {s['dpmind']['contexts']} on disk")
-    if s["federation"]["releases"] < released_feds:
-        problems.append(f"federation: {released_feds} releases, {s['federation']['releases']} on disk")
-    return problems
 
 
 def test_killed_isolated_agent_loses_no_booked_charge(isolated_run, ray_local):

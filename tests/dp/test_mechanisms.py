@@ -30,6 +30,7 @@ import pytest
 from fedmem.attacks.audit import epsilon_lower_bound, histogram_epsilon_lower_bound
 from fedmem.dp import ExponentialMechanism, GaussianMechanism, LaplaceMechanism, MetricLaplace
 from fedmem.dp import samplers
+from tests.conftest import two_adic_valuation
 
 ALPHA = 1e-3
 
@@ -357,16 +358,6 @@ def test_fast_laplace_leaks_through_float_support():
     lb = epsilon_lower_bound(flagged, len(b), false_alarms, len(a), alpha=ALPHA)
     assert lb > 5.0 * mech.epsilon, (flagged, false_alarms, lb)
 
-
-def two_adic_valuation(y) -> np.ndarray:
-    """``v`` with ``y = odd * 2**v`` for each float (exact; 0 maps to +64): the coarsest
-    power-of-two grid the output lies on, i.e. what its low bits say about the grid."""
-    y = np.asarray(y, dtype=np.float64)
-    mant, ex = np.frexp(y)
-    M = np.abs(mant * 2.0 ** 53).astype(np.int64)          # exact: |mant| < 1
-    low = M & -M
-    v = ex.astype(np.int64) - 53 + np.log2(np.maximum(low, 1)).astype(np.int64)
-    return np.where(y == 0, 64, v)
 
 
 VALUATION_EDGES = np.arange(-70.5, 66.5, 1.0)

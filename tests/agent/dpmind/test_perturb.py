@@ -127,6 +127,20 @@ class _NoiseOverThree(MetricLaplace):
 PROFILE_EPS = (1.0, 2.0, 3.0, 4.0)
 
 
+def _worst_excess(a, b, out_a, out_b, n, claims):
+    """Largest ``lb(eps') - eps'`` over ``claims`` ``(eps', delta')`` for the events {output = a}
+    (inputs a vs b) and {output = b} (b vs a), Clopper-Pearson at alpha 1e-4 per event; and the
+    per-claim detail for the assertion message."""
+    excess, detail = -math.inf, []
+    for hit, x_in, x_out in ((a, out_a, out_b), (b, out_b, out_a)):
+        tp, fp = int(np.sum(x_in == hit)), int(np.sum(x_out == hit))
+        for e, dl in claims:
+            lb = epsilon_lower_bound(tp, n, fp, n, delta=dl, alpha=1e-4)
+            excess = max(excess, lb - e)
+            detail.append((round(float(e), 2), round(dl, 4), tp, fp, round(lb, 2)))
+    return excess, detail
+
+
 def _profile_audit(mech, table, projector, wa, wb, n=2000, seed=0):
     """Largest ``lb(eps') - eps'`` over the claims ``(eps', delta(eps'))`` of the exact profile
     plus the worst case ``(eps d, 0)``, for the events {output = a} (inputs a vs b) and
@@ -139,14 +153,7 @@ def _profile_audit(mech, table, projector, wa, wb, n=2000, seed=0):
     out_a = pert.perturb_ids(np.full(n, a), np.random.default_rng(seed))
     out_b = pert.perturb_ids(np.full(n, b), np.random.default_rng(seed + 1))
     claims = [(mech.epsilon * d, 0.0)] + [(e, metric_laplace_profile(mech.epsilon, d, e)) for e in PROFILE_EPS]
-    excess, detail = -math.inf, []
-    for hit, x_in, x_out in ((a, out_a, out_b), (b, out_b, out_a)):
-        tp, fp = int(np.sum(x_in == hit)), int(np.sum(x_out == hit))
-        for e, dl in claims:
-            lb = epsilon_lower_bound(tp, n, fp, n, delta=dl, alpha=1e-4)
-            excess = max(excess, lb - e)
-            detail.append((round(e, 2), round(dl, 4), tp, fp, round(lb, 2)))
-    return excess, detail
+    return _worst_excess(a, b, out_a, out_b, n, claims)
 
 
 # Any projector is post-processing of the noisy embedding, so the audits use the fast
@@ -480,14 +487,7 @@ def _l1_profile_audit(mech, table, projector, wa, wb, n=2000, seed=0):
     if key not in _L1_PROFILES:
         _L1_PROFILES[key] = coordinate_laplace_profile(mech.epsilon, diff, PROFILE_EPS)
     claims += list(zip(PROFILE_EPS, _L1_PROFILES[key]))
-    excess, detail = -math.inf, []
-    for hit, x_in, x_out in ((a, out_a, out_b), (b, out_b, out_a)):
-        tp, fp = int(np.sum(x_in == hit)), int(np.sum(x_out == hit))
-        for e, dl in claims:
-            lb = epsilon_lower_bound(tp, n, fp, n, delta=dl, alpha=1e-4)
-            excess = max(excess, lb - e)
-            detail.append((round(float(e), 2), round(dl, 4), tp, fp, round(lb, 2)))
-    return excess, detail
+    return _worst_excess(a, b, out_a, out_b, n, claims)
 
 
 @pytest.mark.parametrize("variant", ["correct", "noise_over_3"])
