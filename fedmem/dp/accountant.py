@@ -49,7 +49,7 @@ from fedmem.dp.composition import (
     smallest_epsilon,
     split_pure,
 )
-from fedmem.dp.events import event_from_dict, event_to_dict
+from fedmem.dp.events import event_from_dict, event_from_text, event_to_dict
 from fedmem.dp.store import DurableStore
 from fedmem.errors import BudgetExceeded
 
@@ -65,7 +65,7 @@ _bookable = bookable
 _Track = Track
 _epsilon = smallest_epsilon
 __all__ = ["ACCOUNTANT_KINDS", "Accountant", "AccountantKind", "Booking", "book_together", "em_rho",
-           "event_from_dict", "event_to_dict"]
+           "composed_epsilon", "event_from_dict", "event_to_dict"]
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class Accountant:
             "SELECT id, event FROM accountant_events WHERE accountant=? AND id>? ORDER BY id",
             (self.name, self._last_id),
         ):
-            event = event_from_dict(json.loads(ev))
+            event = event_from_text(ev)
             for t in self._tracks:
                 t.compose(event)
             self._last_id = rid
@@ -249,6 +249,20 @@ class Accountant:
 
     def __repr__(self) -> str:
         return f"Accountant(kind={self.kind!r}, name={self.name!r}, bookings={self.count}, store={self.store!r})"
+
+
+def composed_epsilon(kind: AccountantKind, events, delta: float) -> float:
+    """What a fresh ``Accountant(kind)`` reports at ``delta`` after booking ``events`` in order,
+    without writing them anywhere (one in-memory accountant, one trial composition instead of
+    one SQLite transaction per event). Raises ``TypeError`` for an event the accountant could
+    not book, as :meth:`Accountant.book` would."""
+    delta = V.open_unit("delta", delta)
+    acc = Accountant(kind, name="composed")
+    events = [event_from_dict(event_to_dict(e)) for e in events]
+    for e in events:
+        if not acc._supported(e):
+            raise TypeError(f"event {event_to_dict(e)} cannot be composed by a {kind} accountant.")
+    return acc._trial_epsilon(events, delta)
 
 
 def book_together(entries, label: str = "") -> list[Booking]:

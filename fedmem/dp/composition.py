@@ -46,6 +46,46 @@ def memoise_rdp_gaussian() -> None:
     R._compute_rdp_poisson_subsampled_gaussian = curve
 
 
+_RDP_CONSTANTS: dict = {}
+
+
+def rdp_epsilon(orders, rdp, delta: float) -> float:
+    """``dp_accounting.rdp.compute_epsilon(orders, rdp, delta)[0]``, vectorised, bit for bit.
+
+    dp-accounting loops over its 156 orders in Python (about 0.9 ms per call: the largest
+    cost of a response, whose ``epsilon_spent`` is one such call). Per order it takes
+    ``0`` if ``r < 0`` or ``delta**2 + expm1(-r) > 0``, else ``r + log1p(-1/a) -
+    log(delta*a)/(a-1)`` for ``a > 1.01``, else ``inf``, then the first minimum, floored at
+    0. The terms that depend on ``(a, delta)`` only are computed once per ``(orders,
+    delta)`` with the same ``math`` calls, and the rest are the same IEEE operations in
+    the same order, so the result is the same float (tested against dp-accounting on
+    random curves, including negative, zero and infinite entries)."""
+    if delta <= 0 or len(orders) != len(rdp):   # dp-accounting's own edge cases and errors
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+        return compute_epsilon(orders, rdp, delta)[0]
+    a = np.asarray(orders, dtype=np.float64)
+    key = (a.tobytes(), float(delta))
+    got = _RDP_CONSTANTS.get(key)
+    if got is None:
+        if np.any(a < 1):
+            from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+            return compute_epsilon(orders, rdp, delta)[0]
+        big = a > 1.01
+        l1 = np.array([math.log1p(-1 / x) if b else 0.0 for x, b in zip(a.tolist(), big)])
+        l2 = np.array([math.log(delta * x) / (x - 1) if b else 0.0 for x, b in zip(a.tolist(), big)])
+        got = (big, l1, l2, float(delta) ** 2)
+        if len(_RDP_CONSTANTS) < 256:
+            _RDP_CONSTANTS[key] = got
+    big, l1, l2, d2 = got
+    r = np.asarray(rdp, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        eps = np.where(big, (r + l1) - l2, np.inf)
+        eps = np.where((r < 0) | (d2 + np.expm1(-r) > 0), 0.0, eps)
+    return max(0, eps[int(np.argmin(eps))])
+
+
 def memoise_pld_gaussian() -> None:
     """Memoise dp-accounting's PLD of a Gaussian mechanism per (noise, discretization, relation).
 
@@ -194,7 +234,12 @@ class Track:
             return float("inf")
         ledger = getattr(self.acc, "ledger", None)
         empty = isinstance(ledger, dp_accounting.ComposedDpEvent) and not ledger.events
-        base = 0.0 if empty else self.acc.get_epsilon(float(rest_delta))
+        if empty:
+            base = 0.0
+        elif isinstance(getattr(self.acc, "_rdp", None), np.ndarray) and hasattr(self.acc, "_orders"):
+            base = rdp_epsilon(self.acc._orders, self.acc._rdp, float(rest_delta))   # RdpAccountant, vectorised
+        else:
+            base = self.acc.get_epsilon(float(rest_delta))
         return float(base) + float(self.basic.epsilon)
 
 

@@ -55,13 +55,10 @@ COMPOSE_LIMIT = 2000  # events per accountant composed for the report (beyond: c
 
 
 def _compose(kind: str, events: list[str], delta: float) -> float:
-    from fedmem.dp import Accountant  # lazy: loads dp_accounting (~190 ms)
-    from fedmem.dp.accountant import event_from_dict  # lazy: loads dp_accounting (~130 ms)
+    from fedmem.dp.accountant import composed_epsilon  # lazy: loads dp_accounting (~190 ms)
+    from fedmem.dp.events import event_from_text  # lazy: loads dp_accounting (~130 ms)
 
-    acc = Accountant(kind, name="report")
-    for ev in events:
-        acc.book(event_from_dict(json.loads(ev)))
-    return acc.spent(delta)
+    return composed_epsilon(kind, [event_from_text(ev) for ev in events], delta)
 
 
 def ledger_summary(folder: Path, marks: dict, delta: float | None = None, limit: int = 50) -> list[dict]:

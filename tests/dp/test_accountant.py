@@ -29,6 +29,7 @@ from fedmem.dp import (
     PureDpEvent,
 )
 from fedmem.dp.accountant import em_rho, event_from_dict, event_to_dict
+from fedmem.dp.events import _tuple_to_json
 from fedmem.errors import BudgetExceeded
 
 G = dp_accounting.GaussianDpEvent
@@ -355,6 +356,10 @@ def test_event_round_trip_uses_dp_accounting_named_tuples(event):
     if isinstance(event, dp_accounting.DpEvent):
         assert d["module_name"] == "dp_accounting.dp_event"
         assert {k for k in d} == set(event.to_named_tuple()._fields)
+        # the direct converter writes exactly what dp-accounting's named-tuple path gives, key order included
+        want = _tuple_to_json(event.to_named_tuple())
+        assert json.dumps(d) == json.dumps(want)
+        assert event_from_dict(d) == dp_accounting.DpEvent.from_named_tuple(event.to_named_tuple())
 
 
 @pytest.mark.parametrize("row", [
@@ -475,3 +480,22 @@ def test_pld_gaussian_memo_returns_what_dp_accounting_computes():
         again = memo(**kw)
         for eps in (0.5, 1.0, 4.0):
             assert again.get_delta_for_epsilon(eps) == fresh.get_delta_for_epsilon(eps) > 0
+
+
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+def test_composed_epsilon_is_what_an_accountant_reports_after_booking(kind):
+    """The report's one-pass composition equals booking one by one (the same float), and refuses
+    what an accountant refuses."""
+    from fedmem.dp.accountant import composed_epsilon
+
+    events = [G(1.5), SC(G(2.0), 3), C([L(9.0), ApproxDpEvent(0.1, 1e-8)]), ExponentialMechanism(0.4, 2.0).event(),
+              PureDpEvent(0.2)]
+    acc = Accountant(kind)
+    for e in events:
+        acc.book(e)
+    assert composed_epsilon(kind, events, DELTA) == acc.spent(DELTA)
+    assert composed_epsilon(kind, events[:1], DELTA) < acc.spent(DELTA)
+    with pytest.raises(TypeError, match="cannot be composed"):
+        composed_epsilon(kind, [dp_accounting.PoissonSampledDpEvent(0.01, G(1.1))], DELTA)
+    with pytest.raises(ValueError, match="delta"):
+        composed_epsilon(kind, events, 0.0)
