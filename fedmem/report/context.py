@@ -24,8 +24,9 @@ class RunContext:
 
     def __init__(self, out_dir: Path, seed: int, *, show_progress: bool = True,
                  ray_address: str | None = None, quiet: bool = False, resumed: bool = False,
-                 phases: dict | None = None):
+                 phases: dict | None = None, figures: bool = True):
         self.out_dir = Path(out_dir)
+        self.draw_figures = bool(figures)
         self.seed = int(seed)
         self.ray_address = ray_address
         self.show_progress = show_progress
@@ -155,11 +156,16 @@ class RunContext:
         """Save ``fig`` as ``<name>.png`` (300 dpi) and ``<name>.pdf`` (vector) and close it;
         ``caption`` describes it in report.md.
 
-        A figure none of whose axes shows data (see :func:`figure_has_data`) is not saved: it is closed and recorded as
-        skipped ("no data to plot"), and ``None`` is returned.
+        A figure none of whose axes shows data (see :func:`figure_has_data`), or any figure of a run
+        whose scenario says ``figures = false``, is not saved: it is closed and recorded as skipped
+        (with the reason), and ``None`` is returned.
         """
         import matplotlib.pyplot as plt
 
+        if not self.draw_figures:
+            plt.close(fig)
+            self.note_figure_skipped(name, "figures = false in the scenario")
+            return None
         if not figure_has_data(fig):
             plt.close(fig)
             self.note_figure_skipped(name, "no data to plot")

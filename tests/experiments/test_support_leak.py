@@ -37,8 +37,10 @@ TWO_TARGETS = [x if x != "attack.targets=1" else "attack.targets=2" for x in SMA
 
 
 def _run(tmp_path, scenario, overrides, name="run"):
-    payload, result, _ = cli.run_scenario(SCEN / scenario, overrides, tmp_path / name, as_json=True,
-                                          show_progress=False)
+    # figures=false: these runs assert on metrics; drawing the ROC and reconstruction figures cost ~8 s
+    # of each ~20 s run. test_end_to_end_through_cli_json below draws them.
+    payload, result, _ = cli.run_scenario(SCEN / scenario, [*overrides, "figures=false"], tmp_path / name,
+                                          as_json=True, show_progress=False)
     return payload["metrics"]
 
 
@@ -266,7 +268,11 @@ def test_end_to_end_through_cli_json(tmp_path, ray_local):
         rc = cli.main(["run", str(SCEN / "support_leak_40_gateway.toml"), "--json", "--out", str(tmp_path / "g"),
                        *[x for s in SMALL + _attacks(["reconstruction", "refusal_content"]) for x in ("--set", s)]])
     assert rc == 0
-    g = json.loads(out.getvalue())["metrics"]
+    payload = json.loads(out.getvalue())
+    assert payload["figures"] and not payload["figures_skipped"], payload["figures_skipped"]   # drawn by default
+    assert all((tmp_path / "g" / f).is_file() and (tmp_path / "g" / f).with_suffix(".pdf").is_file()
+               for f in payload["figures"])
+    g = payload["metrics"]
     assert g["forwarded_leaky"] == 0 and g["forwarded_unbooked"] == 0
     assert g["rejected"] == g["queries"] and g["rejections_by_reason"] == {"unbookable": g["queries"]}
     assert g["verdict"] in ("within booked", "no leak seen")

@@ -225,6 +225,16 @@ def test_empty_figure_becomes_a_sentence(tmp_path):
                                           {"name": "epsilon", "reason": "no attack produced an empirical epsilon."}]
 
 
+def test_figures_false_skips_the_drawing_and_says_so(tmp_path):
+    from fedmem.scenario import COMMON_SCHEMA
+
+    assert COMMON_SCHEMA["figures"].default is True
+    ctx = RunContext(tmp_path / "off", 0, show_progress=False, quiet=True, figures=False)
+    assert ctx.save_figure(_figure(True), "curve") is None
+    assert not (tmp_path / "off" / "curve.png").exists() and not (tmp_path / "off" / "curve.pdf").exists()
+    assert ctx.figures == [] and ctx.figures_skipped == [("curve", "figures = false in the scenario")]
+
+
 @pytest.mark.parametrize("name, reason, bad", [("", "why", "name"), ("fig", "  ", "reason"), ("fig", None, "reason")])
 def test_note_figure_skipped_validates(tmp_path, name, reason, bad):
     ctx = RunContext(tmp_path, 0, show_progress=False, quiet=True)
