@@ -76,6 +76,31 @@ class Booking:
     ts: float
 
 
+def new_tracks(kind: AccountantKind, pld_discretization: float = 1e-4) -> list[Track]:
+    """The two composition tracks of an accountant of ``kind`` (:class:`~fedmem.dp.composition.Track`)."""
+    # dp_accounting.rdp (scipy.special, absl) and .pld (scipy.signal, scipy.stats) are
+    # imported here, on first use, not when fedmem is imported (start-up of every actor).
+    from dp_accounting import rdp
+
+    memoise_rdp_gaussian()
+    if kind == "rdp":
+        primary = rdp.RdpAccountant()
+    else:
+        from dp_accounting import pld
+
+        memoise_pld_gaussian()
+        primary = pld.PLDAccountant(value_discretization_interval=pld_discretization)
+    return [Track(primary, em_as_zcdp=False), Track(rdp.RdpAccountant(), em_as_zcdp=True)]
+
+
+def _supported(tracks, event) -> bool:
+    """Bookable: built only of the event types fedmem defines sensitivities for (a
+    dp-accounting event such as ``PoissonSampledDpEvent`` assumes a neighbouring
+    relation fedmem's records do not state), and composable by the primary backend."""
+    rest, _, _ = split_pure(event)
+    return all(bookable(e) and tracks[0].acc.supports(e) for e in rest)
+
+
 class Accountant:
     """Composes booked releases; optional hard budget ``(epsilon, delta)``."""
 
@@ -114,24 +139,8 @@ class Accountant:
         with self.store.transaction() as db:
             self._sync(db)
 
-    def _new_backend(self):
-        # dp_accounting.rdp (scipy.special, absl) and .pld (scipy.signal, scipy.stats) are
-        # imported here, on first use, not when fedmem is imported (start-up of every actor).
-        from dp_accounting import rdp
-
-        memoise_rdp_gaussian()
-
-        if self.kind == "rdp":
-            return rdp.RdpAccountant()
-        from dp_accounting import pld
-
-        memoise_pld_gaussian()
-        return pld.PLDAccountant(value_discretization_interval=self._pld_discretization)
-
     def _new_tracks(self) -> list[Track]:
-        from dp_accounting import rdp
-
-        return [Track(self._new_backend(), em_as_zcdp=False), Track(rdp.RdpAccountant(), em_as_zcdp=True)]
+        return new_tracks(self.kind, self._pld_discretization)
 
     @property
     def _acc(self):
@@ -209,11 +218,7 @@ class Accountant:
         return True
 
     def _supported(self, event) -> bool:
-        """Bookable: built only of the event types fedmem defines sensitivities for (a
-        dp-accounting event such as ``PoissonSampledDpEvent`` assumes a neighbouring
-        relation fedmem's records do not state), and composable by the primary backend."""
-        rest, _, _ = split_pure(event)
-        return all(bookable(e) and self._acc.supports(e) for e in rest)
+        return _supported(self._tracks, event)
 
     def spent(self, delta: float) -> float:
         """Total epsilon of everything booked so far, at ``delta``."""
@@ -257,12 +262,17 @@ def composed_epsilon(kind: AccountantKind, events, delta: float) -> float:
     one SQLite transaction per event). Raises ``TypeError`` for an event the accountant could
     not book, as :meth:`Accountant.book` would."""
     delta = V.open_unit("delta", delta)
-    acc = Accountant(kind, name="composed")
-    events = [event_from_dict(event_to_dict(e)) for e in events]
+    if kind not in ACCOUNTANT_KINDS:
+        raise ValueError(f"kind must be one of {ACCOUNTANT_KINDS}. Found {kind!r}.")
+    tracks = new_tracks(kind)
+    events = [event_from_dict(event_to_dict(e)) for e in events]   # normalised, as Accountant.book stores them
     for e in events:
-        if not acc._supported(e):
+        if not _supported(tracks, e):
             raise TypeError(f"event {event_to_dict(e)} cannot be composed by a {kind} accountant.")
-    return acc._trial_epsilon(events, delta)
+    for e in events:
+        for t in tracks:
+            t.compose(e)
+    return smallest_epsilon(tracks, delta)
 
 
 def book_together(entries, label: str = "") -> list[Booking]:
