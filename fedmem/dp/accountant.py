@@ -65,7 +65,7 @@ _bookable = bookable
 _Track = Track
 _epsilon = smallest_epsilon
 __all__ = ["ACCOUNTANT_KINDS", "Accountant", "AccountantKind", "Booking", "book_together", "em_rho",
-           "composed_epsilon", "event_from_dict", "event_to_dict"]
+           "book_groups", "composed_epsilon", "event_from_dict", "event_to_dict"]
 
 
 @dataclass(frozen=True)
@@ -287,27 +287,60 @@ def book_together(entries, label: str = "") -> list[Booking]:
     entries = list(entries)
     if not entries:
         return []
-    store = entries[0][0].store
-    for acc, _, _ in entries:
+    return book_groups([entries], [label])[0][0]
+
+
+def book_groups(groups, labels, trace=None) -> tuple[list[list[Booking]], list[float]]:
+    """:func:`book_together` for several groups of entries (e.g. the queries of one batch) in
+    ONE transaction, all or nothing: every budget is checked against all groups' events
+    together (epsilon only grows under composition, so if the whole fits, every prefix does;
+    if it does not, nothing is written and :class:`BudgetExceeded` is raised, and a caller
+    that wants the groups that still fit books them one by one). Rows are written in group
+    order, each group's under its label.
+
+    ``trace``: ``None`` or, per group, a list of ``(accountant, delta)`` (accountants of the
+    same store); then the second result holds, per group, ``(count, epsilon)`` of each of
+    them right after the group's rows: what :attr:`Accountant.count` and
+    :meth:`Accountant.spent` return after booking the groups one by one, computed on the
+    state read inside the transaction. Returns ``(bookings per group, traced values)``.
+    """
+    groups = [list(g) for g in groups]
+    labels = [str(x) for x in labels]
+    if len(labels) != len(groups) or (trace is not None and len(trace) != len(groups)):
+        raise ValueError(f"labels and trace must have one entry per group ({len(groups)}). Found {len(labels)} and "
+                         f"{None if trace is None else len(trace)}.")
+    flat = [e for g in groups for e in g]
+    if not flat:
+        return [[] for _ in groups], []
+    store = flat[0][0].store
+    traced_accs = {id(acc): acc for t in (trace or ()) for acc, _ in t}
+    for acc, _, _ in [*flat, *((a, None, None) for a in traced_accs.values())]:
         if not isinstance(acc, Accountant):
             raise TypeError(f"entries must hold fedmem.dp.Accountant objects. Found {type(acc).__name__}.")
         if acc.store is not store:
             raise ValueError(f"accountants must share one store to be booked together. Found {acc.store!r} "
                              f"and {store!r}.")
-    payloads = [(acc, event_to_dict(ev), cap) for acc, ev, cap in entries]
-    for acc, payload, _ in payloads:
-        if not acc._supported(event_from_dict(payload)):
-            raise TypeError(f"event {payload} cannot be composed by a {acc.kind} accountant.")
+    # payload and its normalised event (what is stored is what is composed), per entry
+    pgroups = [[(acc, event_to_dict(ev), cap) for acc, ev, cap in g] for g in groups]
+    events = [[event_from_dict(payload) for _, payload, _ in g] for g in pgroups]
+    for g, evs in zip(pgroups, events):
+        for (acc, payload, _), ev in zip(g, evs):
+            if not acc._supported(ev):
+                raise TypeError(f"event {payload} cannot be composed by a {acc.kind} accountant.")
     # group by accountant object (an accountant may appear in several entries)
     per_acc: dict[int, tuple] = {}
-    for acc, payload, cap in payloads:
-        a, evs, caps = per_acc.get(id(acc), (acc, [], []))
-        evs.append(event_from_dict(payload))
-        if cap is not None:
-            caps.append(cap)
-        per_acc[id(acc)] = (a, evs, caps)
-    rows = []
+    for g, evs in zip(pgroups, events):
+        for (acc, _, cap), ev in zip(g, evs):
+            a, aevs, caps = per_acc.get(id(acc), (acc, [], []))
+            aevs.append(ev)
+            if cap is not None and cap not in caps:
+                caps.append(cap)
+            per_acc[id(acc)] = (a, aevs, caps)
+    out: list[list[Booking]] = [[] for _ in groups]
+    traced: list[list[tuple[int, float]]] = []
     with store.transaction() as db:
+        for acc in traced_accs.values():
+            acc._sync(db)
         for acc, evs, caps in per_acc.values():
             acc._sync(db)
             for cap in [acc.budget, *caps]:
@@ -315,14 +348,25 @@ def book_together(entries, label: str = "") -> list[Booking]:
                     continue
                 eps = acc._trial_epsilon(evs, cap[1])
                 if eps > cap[0]:
-                    raise BudgetExceeded(f"booking {label!r} would raise epsilon of accountant {acc.name!r} to "
+                    what = repr(labels[0]) if len(labels) == 1 else f"{labels[0]!r} and {len(labels) - 1} more"
+                    raise BudgetExceeded(f"booking {what} would raise epsilon of accountant {acc.name!r} to "
                                          f"{eps:.6g} > budget {cap[0]!r} at delta={cap[1]!r}.")
+        if trace is not None:
+            copies = {i: [acc._count, copy.deepcopy(acc._tracks)] for i, acc in traced_accs.items()}
+            for g, evs, t in zip(pgroups, events, trace):
+                for (acc, _, _), ev in zip(g, evs):
+                    if id(acc) in copies:
+                        copies[id(acc)][0] += 1
+                        for tr in copies[id(acc)][1]:
+                            tr.compose(ev)
+                traced.append([(copies[id(acc)][0], smallest_epsilon(copies[id(acc)][1], d)) for acc, d in t])
         ts = time.time()
-        for acc, payload, _ in payloads:
-            cur = db.execute("INSERT INTO accountant_events (accountant, event, label, ts) VALUES (?, ?, ?, ?)",
-                             (acc.name, json.dumps(payload), str(label), ts))
-            rows.append(Booking(cur.lastrowid, payload, str(label), ts))
+        for i, (g, label) in enumerate(zip(pgroups, labels)):
+            for acc, payload, _ in g:
+                cur = db.execute("INSERT INTO accountant_events (accountant, event, label, ts) VALUES (?, ?, ?, ?)",
+                                 (acc.name, json.dumps(payload), label, ts))
+                out[i].append(Booking(cur.lastrowid, payload, label, ts))
     with store.transaction() as db:
         for acc, _, _ in per_acc.values():
             acc._sync(db)
-    return rows
+    return out, traced

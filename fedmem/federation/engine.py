@@ -185,21 +185,22 @@ class Federation(CapabilityService):
     # ------------------------------------------------------------------ gateway around the engine
 
     def _log(self, d: Decision, decision: str, rel: Release | None, bookings=(), emitted: bool = False,
-             mpc: dict | None = None):
+             mpc: dict | None = None, support_bits: float | None = None):
         sel = self.engine.policies[d.route].selection if d.route else self.engine.policy.selection
         chans = tuple((c.name, c.kind) for c in rel.channels) if (emitted and rel is not None) else ()
         unacc = tuple(c.name for c in rel.channels if c.kind == "exact") if (emitted and rel is not None) else ()
         self.audit.append(AuditRecord(
             d.query_id, d.principal, d.family, d.retry_of, decision, d.reasons, sel,
             None if rel is None else rel.realized_n, None if rel is None else rel.denominator,
-            None if rel is None else rel.effective_noise_multiplier, self.gateway.support_bits(d.principal),
+            None if rel is None else rel.effective_noise_multiplier,
+            self.gateway.support_bits(d.principal) if support_bits is None else support_bits,
             chans, unacc, tuple(b.id for b in bookings), **(mpc or {})))
 
-    def _respond(self, d: Decision, rel: Release, mpc: dict | None = None) -> Response:
+    def _respond(self, d: Decision, rel: Release, mpc: dict | None, spent: float) -> Response:
         ev = rel.event()
         return Response(query_id=d.query_id, value=rel.value, count=rel.count, receipts=rel.receipts,
                         channels=tuple(c.name for c in rel.channels),
-                        epsilon_spent=self.gateway.principal_spent(d.principal), selection=rel.selection,
+                        epsilon_spent=spent, selection=rel.selection,
                         principal=d.principal, event=None if ev is None else event_to_dict(ev), **(mpc or {}))
 
     def connect(self, principal: str | None = None):
@@ -268,24 +269,35 @@ class Federation(CapabilityService):
         finally:
             gw.clear_pending()
         results: list = [None] * B
+        labels = {b: f"q{d.query_id} principal={d.principal} family={d.family}" + (
+            f" retry_of={d.retry_of}" if d.retry_of is not None else "") + (
+            " route=fallback" if d.route == "fallback" else "") for b, d in enumerate(decisions) if d.admitted}
+        # every admitted release booked in ONE transaction (all or nothing, before anything is returned);
+        # None: it does not fit as a whole (a concurrent writer), so book query by query below
+        # (the audit's support bits of each query are then the principal's right after it, as booked one by one)
+        bits_now = {p: gw.support_bits(p) for p in dict.fromkeys(d.principal for d in decisions)} if labels else {}
+        batch = gw.book_many([(decisions[b], rels[b].plan, labels[b]) for b in labels]) if labels else None
+        booked = dict(zip(labels, batch)) if batch is not None else {}
         for b, d in enumerate(decisions):
             if not d.admitted:
-                self._log(d, "refused", None)
+                self._log(d, "refused", None, support_bits=bits_now.get(d.principal) if booked else None)
                 results[b] = refusal(d.query_id)
                 continue
             rel = rels[b]
-            label = f"q{d.query_id} principal={d.principal} family={d.family}" + (
-                f" retry_of={d.retry_of}" if d.retry_of is not None else "") + (
-                " route=fallback" if d.route == "fallback" else "")
-            try:
-                bookings = gw.book(d, rel.plan, label)
-            except BudgetExceeded:
-                self._log(d, "budget_exceeded", rel, mpc=mpcs[b])
-                results[b] = refusal(d.query_id)
-                continue
+            if b in booked:
+                bookings, spent, bits = booked[b]
+                bits_now[d.principal] = bits
+            else:
+                try:
+                    bookings = gw.book(d, rel.plan, labels[b])
+                except BudgetExceeded:
+                    self._log(d, "budget_exceeded", rel, mpc=mpcs[b])
+                    results[b] = refusal(d.query_id)
+                    continue
+                spent, bits = gw.principal_spent(d.principal), None
             self._log(d, "admitted" if d.route == "primary" else "admitted_fallback", rel, bookings, True,
-                      mpc=mpcs[b])
-            results[b] = self._respond(d, rel, mpcs[b])
+                      mpc=mpcs[b], support_bits=bits)
+            results[b] = self._respond(d, rel, mpcs[b], spent)
         return results
 
     def retrieve(self, q, family: str | None = None, retry_of: int | None = None, *,

@@ -71,8 +71,9 @@ from dataclasses import dataclass
 
 from fedmem import _validate as V
 from fedmem.dp import Accountant, book_together
+from fedmem.dp.accountant import book_groups
 from fedmem.dp.events import gaussian_mu
-from fedmem.errors import SupportPrivacyViolation
+from fedmem.errors import BudgetExceeded, SupportPrivacyViolation
 from fedmem.federation.aggregator import ReleasePlan
 
 ANONYMOUS = "anonymous"
@@ -324,12 +325,7 @@ class Gateway:
     def clear_pending(self) -> None:
         self._pending.clear()
 
-    def book(self, decision: Decision, plan: ReleasePlan, label: str):
-        """Charge every budget of an admitted release in one transaction; returns the bookings.
-
-        Raises :class:`~fedmem.errors.BudgetExceeded` (nothing written) if a concurrent
-        writer spent the budget since :meth:`decide`.
-        """
+    def _entries(self, decision: Decision, plan: ReleasePlan) -> list:
         if not decision.admitted:
             raise ValueError(f"decision must be an admission. Found reasons {decision.reasons!r}.")
         entries = []
@@ -337,4 +333,33 @@ class Gateway:
             ev = plan.support_event() if why == "support_budget" else plan.event()
             if ev is not None:
                 entries.append((acc, ev, cap))
-        return book_together(entries, label)
+        return entries
+
+    def book(self, decision: Decision, plan: ReleasePlan, label: str):
+        """Charge every budget of an admitted release in one transaction; returns the bookings.
+
+        Raises :class:`~fedmem.errors.BudgetExceeded` (nothing written) if a concurrent
+        writer spent the budget since :meth:`decide`.
+        """
+        return book_together(self._entries(decision, plan), label)
+
+    def book_many(self, items):
+        """Charge the admitted releases of a batch, ``items = [(decision, plan, label), ...]``, in
+        ONE transaction (all or nothing; :func:`~fedmem.dp.accountant.book_groups`).
+
+        Returns, per item, ``(bookings, principal's epsilon spent, principal's support bits)`` right
+        after it (what :meth:`book`, :meth:`principal_spent` and :meth:`support_bits` give item by
+        item), or ``None`` when the batch cannot be booked as a whole (a concurrent writer spent a
+        budget since :meth:`decide`: ``BudgetExceeded``, nothing written); the caller then books
+        item by item, so the items that still fit are answered."""
+        groups = [self._entries(d, plan) for d, plan, _ in items]
+        trace = [[(self.principal_accountant(d.principal), self.delta), (self.support_accountant(d.principal),
+                                                                          self.delta)] for d, _, _ in items]
+        if not any(groups):
+            return None
+        try:
+            books, traced = book_groups(groups, [label for _, _, label in items], trace)
+        except BudgetExceeded:
+            return None
+        ln2 = math.log(2.0)
+        return [(b, eps if n else 0.0, bits / ln2 if m else 0.0) for b, ((n, eps), (m, bits)) in zip(books, traced)]

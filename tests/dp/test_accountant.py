@@ -499,3 +499,30 @@ def test_composed_epsilon_is_what_an_accountant_reports_after_booking(kind):
         composed_epsilon(kind, [dp_accounting.PoissonSampledDpEvent(0.01, G(1.1))], DELTA)
     with pytest.raises(ValueError, match="delta"):
         composed_epsilon(kind, events, 0.0)
+
+
+def test_book_groups_is_all_or_nothing_and_traces_what_one_by_one_booking_reports():
+    from fedmem.dp.accountant import book_groups, book_together
+
+    def world():
+        store = DurableStore(None)
+        return (Accountant("rdp", store=store, name="p"), Accountant("rdp", store=store, name="total",
+                                                                     budget=(6.0, DELTA)))
+    groups = lambda p, t: [[(p, G(2.0), (8.0, DELTA)), (t, G(2.0), None)] for _ in range(4)]   # noqa: E731
+    p1, t1 = world()
+    want = []
+    for g in groups(p1, t1):
+        book_together(g, "q")
+        want.append([(p1.count, p1.spent(DELTA)), (t1.count, t1.spent(DELTA))])
+    p2, t2 = world()
+    books, traced = book_groups(groups(p2, t2), ["q"] * 4, [[(p2, DELTA), (t2, DELTA)]] * 4)
+    assert traced == want                                              # the same floats
+    assert [[b.event for b in g] for g in books] == [[x.event for x in p1.history[i:i + 1] + t1.history[i:i + 1]]
+                                                     for i in range(4)]
+    assert p2.spent(DELTA) == p1.spent(DELTA) and t2.count == 4
+    # all or nothing: the whole batch would exceed the total's budget -> nothing is written
+    with pytest.raises(BudgetExceeded, match="and 39 more"):
+        book_groups(groups(p2, t2) * 10, ["r"] * 40)
+    assert p2.count == 4 and t2.count == 4
+    with pytest.raises(ValueError, match="one entry per group"):
+        book_groups(groups(p2, t2), ["q"])

@@ -199,6 +199,45 @@ def test_epsilon_budget_refusal_releases_nothing(data, queries, ray_local):
         assert event_from_dict(ok[0].event) == dp_accounting.GaussianDpEvent(1.2)
 
 
+def _batched_run(data, queries, ray_local, monkeypatch, one_by_one: bool):
+    """Two principals, noised receipts (support bits booked), budgets that run out mid-batch."""
+    from fedmem.federation.gateway import Gateway
+
+    if one_by_one:
+        monkeypatch.setattr(Gateway, "book_many", lambda self, items: None)     # the query-by-query path
+    else:
+        def no_single_bookings(*a, **k):
+            raise AssertionError("the batch fell back to booking query by query")
+        monkeypatch.setattr(Gateway, "book", no_single_bookings)
+    acc = Accountant()
+    with fed(data, ray_local, acc, seed=7, receipts="noised", receipt_sigma=6.0, epsilon_budget=12.0,
+             total_epsilon_budget=40.0, support_budget_bits=3.0, total_support_budget_bits=8.0, **DEFENDED) as f:
+        a, b = f.connect(), f.connect()
+        principals = [a.principal if i % 3 else b.principal for i in range(12)]
+        rs = f.retrieve_many(queries[:12], principal=principals)
+        rs += a.retrieve_many(queries[12:16])
+        names = {a.principal.label: "A", b.principal.label: "B"}        # labels are random: compare by role
+        ledger = [(x.event, " ".join(names.get(w.split("=")[-1], w) for w in x.label.split())) for x in acc.history]
+        audit = [(r.query_id, r.decision, r.reasons, r.leak_bits, r.booking_ids) for r in f.audit]
+    out = [(type(r).__name__, getattr(r, "epsilon_spent", None), getattr(r, "count", None)) for r in rs]
+    return out, ledger, audit
+
+
+def test_a_batch_booked_in_one_transaction_equals_booking_query_by_query(data, queries, ray_local, monkeypatch):
+    """retrieve_many books every admitted release of a batch in one transaction (Gateway.book_many);
+    what it returns, logs and writes is what booking them one by one gives: the same responses and
+    refusals, each response's epsilon_spent the principal's spend right after it (to the last bit),
+    the audit's support bits and booking ids, the same ledger rows in the same order."""
+    batched = _batched_run(data, queries, ray_local, monkeypatch, one_by_one=False)
+    monkeypatch.undo()
+    one_by_one = _batched_run(data, queries, ray_local, monkeypatch, one_by_one=True)
+    assert batched == one_by_one
+    kinds = [k for k, _, _ in batched[0]]
+    assert "Response" in kinds and "SupportPrivacyViolation" in kinds      # budgets ran out mid-batch
+    spent = [e for k, e, _ in batched[0][:12] if k == "Response"]
+    assert len(set(spent)) > 2                                              # per-response, not per-batch
+
+
 def test_principals_are_issued_not_chosen(data, ray_local, tmp_path):
     from fedmem.dp import DurableStore
 
