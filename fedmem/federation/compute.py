@@ -106,6 +106,7 @@ class Engine:
         self._owns_ray = False
         self._owns_parties = False
         self._hosts: list = []
+        self._starting: list = []    # ping refs of hosts not yet waited for (_start_hosts / _await_hosts)
         self._hosts_dirty = False
         self._seed_rng = np.random.default_rng(rng.integers(0, 2**63))
         self._split = split_shards(config.shards, config.hosts)
@@ -186,12 +187,24 @@ class Engine:
         return cls.remote(ids, [self.data.keys[i] for i in ids], [self.data.values[i] for i in ids], **kw)
 
     def _start_hosts(self):
-        ray = _ray()
+        """Create the host actors and return without waiting: their start-up (a Ray worker process,
+        imports, the shards) overlaps the parties' start and whatever the caller does next (e.g.
+        a second federation of a membership game); the first use waits (:meth:`_await_hosts`)."""
         self._hosts = [self._new_host(h) for h in range(len(self._split))]
+        self._starting = [h.ping.remote() for h in self._hosts]
+
+    def _await_hosts(self):
+        """Wait for the hosts started by :meth:`_start_hosts` (once). A host that fails to start
+        fails the call that needed it closed (:class:`~fedmem.errors.FederationFault`, nothing
+        computed or booked) and is replaced at the next call (:meth:`_heal_hosts`)."""
+        refs, self._starting = self._starting, []
+        if not refs:
+            return
         try:
-            ray.get([h.ping.remote() for h in self._hosts], timeout=max(self.config.timeout_s, 60.0))
+            _ray().get(refs, timeout=max(self.config.timeout_s, 60.0))
         except Exception as exc:  # noqa: BLE001
-            raise FederationFault(f"shard hosts failed to start: {exc!r}") from exc
+            self._hosts_dirty = True
+            raise FederationFault(f"shard hosts failed to start; nothing was released or booked: {exc!r}") from exc
 
     @property
     def hosts(self) -> list:
@@ -199,7 +212,8 @@ class Engine:
         return list(self._hosts)
 
     def _heal_hosts(self):
-        """Re-create any host that no longer answers (after a fault)."""
+        """Wait for the hosts' start (first use), then re-create any host that no longer answers (after a fault)."""
+        self._await_hosts()
         if not self._hosts_dirty:
             return
         ray = _ray()
