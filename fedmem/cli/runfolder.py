@@ -177,7 +177,7 @@ def run_loaded(scenario, out=None, as_json=False, ray_address=None, show_progres
     phases = (old_manifest or {}).get("phases") if (old_manifest or {}).get("status") != "complete" else None
     ctx = RunContext(out_dir, scenario.config["seed"], show_progress=show_progress and not as_json,
                      ray_address=ray_address, quiet=as_json, resumed=resumed, phases=phases,
-                     figures=scenario.config.get("figures", True))
+                     figures=scenario.config["figures"])
     ctx.signal_hook = guard_signals
     manifest = dict(old_manifest or {})
     manifest.update(kind=scenario.experiment.kind, name=scenario.name, scenario_sha256=sha, status="running",

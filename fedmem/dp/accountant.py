@@ -93,6 +93,19 @@ def new_tracks(kind: AccountantKind, pld_discretization: float = 1e-4) -> list[T
     return [Track(primary, em_as_zcdp=False), Track(rdp.RdpAccountant(), em_as_zcdp=True)]
 
 
+def _normalised(event):
+    """``event`` as it reads back from a stored row (what is stored is what is composed)."""
+    return event_from_dict(event_to_dict(event))
+
+
+def _epsilon_after(tracks, events, delta: float) -> float:
+    """Compose ``events`` (normalised) into ``tracks`` in order; their smallest epsilon at ``delta``."""
+    for e in events:
+        for t in tracks:
+            t.compose(e)
+    return smallest_epsilon(tracks, delta)
+
+
 def _supported(tracks, event) -> bool:
     """Bookable: built only of the event types fedmem defines sensitivities for (a
     dp-accounting event such as ``PoissonSampledDpEvent`` assumes a neighbouring
@@ -193,12 +206,7 @@ class Accountant:
 
     def _trial_epsilon(self, events, delta: float) -> float:
         """Epsilon at ``delta`` if ``events`` were composed on top of the current history."""
-        trial = copy.deepcopy(self._tracks)
-        for ev in events:
-            ev = event_from_dict(event_to_dict(ev))
-            for t in trial:
-                t.compose(ev)
-        return smallest_epsilon(trial, delta)
+        return _epsilon_after(copy.deepcopy(self._tracks), [_normalised(e) for e in events], delta)
 
     def fits(self, events, budget: tuple[float, float] | None = None) -> bool:
         """Whether composing ``events`` (a list) would stay within this accountant's budget
@@ -265,14 +273,11 @@ def composed_epsilon(kind: AccountantKind, events, delta: float) -> float:
     if kind not in ACCOUNTANT_KINDS:
         raise ValueError(f"kind must be one of {ACCOUNTANT_KINDS}. Found {kind!r}.")
     tracks = new_tracks(kind)
-    events = [event_from_dict(event_to_dict(e)) for e in events]   # normalised, as Accountant.book stores them
+    events = [_normalised(e) for e in events]   # as Accountant.book stores them
     for e in events:
         if not _supported(tracks, e):
             raise TypeError(f"event {event_to_dict(e)} cannot be composed by a {kind} accountant.")
-    for e in events:
-        for t in tracks:
-            t.compose(e)
-    return smallest_epsilon(tracks, delta)
+    return _epsilon_after(tracks, events, delta)
 
 
 def book_together(entries, label: str = "") -> list[Booking]:
@@ -314,7 +319,9 @@ def book_groups(groups, labels, trace=None) -> tuple[list[list[Booking]], list[f
         return [[] for _ in groups], []
     store = flat[0][0].store
     traced_accs = {id(acc): acc for t in (trace or ()) for acc, _ in t}
-    for acc, _, _ in [*flat, *((a, None, None) for a in traced_accs.values())]:
+    # every accountant of the call, once: synced once inside the transaction
+    accs = {**{id(acc): acc for acc, _, _ in flat}, **traced_accs}
+    for acc in accs.values():
         if not isinstance(acc, Accountant):
             raise TypeError(f"entries must hold fedmem.dp.Accountant objects. Found {type(acc).__name__}.")
         if acc.store is not store:
@@ -339,10 +346,9 @@ def book_groups(groups, labels, trace=None) -> tuple[list[list[Booking]], list[f
     out: list[list[Booking]] = [[] for _ in groups]
     traced: list[list[tuple[int, float]]] = []
     with store.transaction() as db:
-        for acc in traced_accs.values():
+        for acc in accs.values():
             acc._sync(db)
         for acc, evs, caps in per_acc.values():
-            acc._sync(db)
             for cap in [acc.budget, *caps]:
                 if cap is None or cap[0] == float("inf"):
                     continue

@@ -133,8 +133,8 @@ def event_from_text(text: str):
 
 def event_from_dict(d: dict):
     """Inverse of :func:`event_to_dict`; also reads rows in the older ``{"type": ...}`` form."""
-    if not isinstance(d, dict):
-        raise ValueError(f"event must be a dict. Found {d!r}.")
+    if not isinstance(d, dict):   # not a row: _build_from_dict names the problem
+        return _build_from_dict(d)
     try:
         text = json.dumps(d)
     except (TypeError, ValueError):   # not a stored row's shape: build it (and fail) without the memo

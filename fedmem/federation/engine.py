@@ -274,8 +274,10 @@ class Federation(CapabilityService):
             " route=fallback" if d.route == "fallback" else "") for b, d in enumerate(decisions) if d.admitted}
         # every admitted release booked in ONE transaction (all or nothing, before anything is returned);
         # None: it does not fit as a whole (a concurrent writer), so book query by query below
-        # (the audit's support bits of each query are then the principal's right after it, as booked one by one)
-        bits_now = {p: gw.support_bits(p) for p in dict.fromkeys(d.principal for d in decisions)} if labels else {}
+        # (the audit's support bits of each query are then the principal's right after it, as booked one by one;
+        # a refusal logs its principal's bits before the batch plus those of the admissions before it)
+        bits_now = {p: gw.support_bits(p) for p in dict.fromkeys(d.principal for d in decisions if not d.admitted)
+                    } if labels else {}
         batch = gw.book_many([(decisions[b], rels[b].plan, labels[b]) for b in labels]) if labels else None
         booked = dict(zip(labels, batch)) if batch is not None else {}
         for b, d in enumerate(decisions):
