@@ -39,6 +39,7 @@ index instead of one per agent process.
 from __future__ import annotations
 
 import numpy as np
+
 from fedmem.errors import SupportPrivacyViolation
 
 REFUSED = "__refused__"
@@ -71,7 +72,6 @@ class FederationService:
         ``principal``: the capability (a ``Principal`` or its token). Anything else, ``None``
         included, is refused like any other refusal (the query id is still issued)."""
         import time
-
 
         t = time.perf_counter()
         self.calls += 1

@@ -41,6 +41,7 @@ import math
 from collections import Counter
 
 import numpy as np
+
 from fedmem.errors import SupportPrivacyViolation
 
 REPORT_DELTA_PURE = 1e-9   # delta passed to the lower bound for pure-DP boundaries (app, external)

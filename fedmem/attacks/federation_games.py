@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from fedmem.attacks import float_bits as FB
 
 ATTACKS = ("reconstruction", "differencing", "noise_scale", "refusal_content", "admission_oracle", "timing",

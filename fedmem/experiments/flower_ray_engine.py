@@ -28,6 +28,7 @@ import math
 import time
 
 import numpy as np
+
 from fedmem._ray import ensure_ray
 from fedmem.bench.shards import with_record
 from fedmem.errors import SupportPrivacyViolation

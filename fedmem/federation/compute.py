@@ -31,13 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmem import _validate as V
+from fedmem._ray import ensure_ray
 from fedmem.errors import FederationFault, MpcFailure
 from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
 from fedmem.federation.config import FederationConfig
 from fedmem.federation.parties import Parties
 from fedmem.federation.shard_host import host_actor_class, split_shards
 from fedmem.federation.sharing import SelectionSpec, decode, encode, new_run_id
-from fedmem._ray import ensure_ray
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,6 @@ class Engine:
         self.policy, self.safe_policy = self._release_policies(config, data.sizes)
         # the routes a gateway may admit a query by: its primary policy, or the support-safe broadcast
         self.policies = {"primary": self.policy, "fallback": self.safe_policy}
-
 
         if parties is not None:     # checked before anything starts
             if not isinstance(parties, Parties):

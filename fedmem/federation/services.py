@@ -9,6 +9,7 @@ indirection so tests can substitute a deliberately broken federation with the sa
 """
 
 from __future__ import annotations
+
 from fedmem._ray import ensure_ray
 
 

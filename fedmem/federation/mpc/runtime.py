@@ -295,7 +295,6 @@ class CryptenParties(Parties):
     def _start(self):
         import ray
 
-
         ensure_ray()
         actor_cls = ray.remote(num_cpus=0, max_restarts=0)(_CryptenParty)
         n = self.n_parties
