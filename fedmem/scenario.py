@@ -52,8 +52,8 @@ COMMON_SCHEMA: dict[str, Param] = {
                   help="short name used for the run folder (default: file stem); no '/' or '\\', not '.' or '..'"),
     "description": Param(str, "", help="one line shown by `fedmem list`"),
     "seed": Param(int, 0, help="seed of every RNG in the run", check=nonnegative),
-    "figures": Param(bool, True, help="draw the run's figures (300-dpi PNG + vector PDF, about 1 s each on 2 "
-                     "cores); false skips the drawing (report.md and results.json list each as skipped; CSVs "
+    "figures": Param(bool, True, help="draw the run's figures (300-dpi PNG + vector PDF, about 2 s for an 8-curve "
+                     "ROC figure on 2 cores); false skips the drawing (report.md and results.json list each as skipped; CSVs "
                      "of plotted data are still written), e.g. for sweeps and tests"),
     "ray": {
         "num_cpus": Param(int, 0, help="CPUs of the private local Ray instance (0 = the machine's count); "
