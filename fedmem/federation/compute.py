@@ -34,6 +34,7 @@ from fedmem import _validate as V
 from fedmem._ray import ensure_ray
 from fedmem.errors import FederationFault, MpcFailure
 from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
+from fedmem.federation import host_pool
 from fedmem.federation.config import FederationConfig
 from fedmem.federation.parties import Parties
 from fedmem.federation.shard_host import host_actor_class, split_shards
@@ -80,6 +81,18 @@ def _ray():
     return ray
 
 
+POOLED_LOAD_TIMEOUT_S = 10.0
+"""How long a federation waits for a pooled host to load its shards before it replaces it by a new
+actor (a pooled host answers in milliseconds unless it is dead or still busy)."""
+
+
+def _kill(ray, actor):
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
 class Engine:
     """Shard hosts, compute parties and aggregator: the plain computation the gateway wraps."""
 
@@ -108,6 +121,8 @@ class Engine:
         self._hosts: list = []
         self._starting: list = []    # ping refs of hosts not yet waited for (_start_hosts / _await_hosts)
         self._hosts_dirty = False
+        self._args: dict = {}        # host index -> its constructor arguments (a pooled host's replacement)
+        self._placed: dict = {}      # host index -> where it was pinned (the host pool's key)
         self._seed_rng = np.random.default_rng(rng.integers(0, 2**63))
         self._split = split_shards(config.shards, config.hosts)
         self.policy, self.safe_policy = self._release_policies(config, data.sizes)
@@ -175,32 +190,72 @@ class Engine:
             return "DEFAULT"
         return NodeAffinitySchedulingStrategy(nodes[h % len(nodes)], soft=False)
 
-    def _new_host(self, h: int):
+    @staticmethod
+    def _placement_key(strategy) -> str:
+        """The host pool's key for a placement: the pinned node's id, or Ray's default."""
+        return strategy if isinstance(strategy, str) else f"node:{strategy.node_id}"
+
+    def _host_args(self, h: int) -> tuple[tuple, dict]:
+        """Host ``h``'s constructor arguments (draws its seed from the engine's generator)."""
         ids = self._split[h]
-        cls = host_actor_class().options(scheduling_strategy=self._host_placement(h))
         kw = dict(clip=self.config.clip, k_local=self.config.k_local, n_parties=self.config.parties,
                   seed=int(self._seed_rng.integers(0, 2**63)))
         recipe = self.recipe
         if recipe is not None:   # each host generates its own shards: no record leaves the driver
-            return cls.remote(ids, None, None, recipe=recipe, **kw)
-        return cls.remote(ids, [self.data.keys[i] for i in ids], [self.data.values[i] for i in ids], **kw)
+            return (ids, None, None), dict(kw, recipe=recipe)
+        return (ids, [self.data.keys[i] for i in ids], [self.data.values[i] for i in ids]), kw
+
+    def _new_host(self, h: int, args=None, *, pooled: bool = False):
+        """Host ``h``: with ``pooled``, an idle host of this driver's pool loaded with the shards if one
+        is pinned to the same place (:mod:`fedmem.federation.host_pool`), else a new actor. Returns
+        ``(actor, ready_ref, reused)``; ``args`` (from :meth:`_host_args`) are drawn when not given."""
+        strategy = self._host_placement(h)
+        args, kw = args if args is not None else self._host_args(h)
+        self._args[h] = (args, kw)
+        self._placed[h] = self._placement_key(strategy)
+        if pooled:
+            actor = host_pool.take(self._placed[h])
+            if actor is not None:
+                return actor, actor.load.remote(*args, **kw), True
+        actor = host_actor_class().options(scheduling_strategy=strategy).remote(*args, **kw)
+        return actor, actor.ping.remote(), False
 
     def _start_hosts(self):
-        """Create the host actors and return without waiting: their start-up (a Ray worker process,
-        imports, the shards) overlaps the parties' start and whatever the caller does next (e.g.
-        a second federation of a membership game); the first use waits (:meth:`_await_hosts`)."""
-        self._hosts = [self._new_host(h) for h in range(len(self._split))]
-        self._starting = [h.ping.remote() for h in self._hosts]
+        """Create (or take from the pool) the host actors and return without waiting: their start-up
+        (a Ray worker process, imports, the shards) overlaps the parties' start and whatever the
+        caller does next (e.g. a second federation of a membership game); the first use waits
+        (:meth:`_await_hosts`)."""
+        started = [self._new_host(h, pooled=True) for h in range(len(self._split))]
+        self._hosts = [a for a, _, _ in started]
+        self._starting = [(r, reused) for _, r, reused in started]
 
     def _await_hosts(self):
-        """Wait for the hosts started by :meth:`_start_hosts` (once). A host that fails to start
+        """Wait for the hosts started by :meth:`_start_hosts` (once). A pooled host that does not
+        answer its ``load`` in time (killed, busy) is killed and replaced by a new actor loaded with
+        the same arguments (it held no data of this federation). A new host that fails to start
         fails the call that needed it closed (:class:`~fedmem.errors.FederationFault`, nothing
         computed or booked) and is replaced at the next call (:meth:`_heal_hosts`)."""
-        refs, self._starting = self._starting, []
-        if not refs:
+        starting, self._starting = self._starting, []
+        if not starting:
             return
+        ray = _ray()
+        wait = max(self.config.timeout_s, 60.0)
         try:
-            _ray().get(refs, timeout=max(self.config.timeout_s, 60.0))
+            stale = []
+            for h, (ref, reused) in enumerate(starting):
+                if not reused:
+                    continue
+                try:
+                    ray.get(ref, timeout=min(wait, POOLED_LOAD_TIMEOUT_S))
+                except ValueError:
+                    raise                       # the shards themselves are invalid: a new actor fails the same way
+                except Exception:  # noqa: BLE001 - dead or busy pooled host: a new actor takes its place
+                    stale.append(h)
+            for h in stale:
+                _kill(ray, self._hosts[h])
+                self._hosts[h], ref, _ = self._new_host(h, self._args[h])
+                starting[h] = (ref, False)
+            ray.get([ref for ref, reused in starting if not reused], timeout=wait)
         except Exception as exc:  # noqa: BLE001
             self._hosts_dirty = True
             raise FederationFault(f"shard hosts failed to start; nothing was released or booked: {exc!r}") from exc
@@ -220,11 +275,8 @@ class Engine:
             try:
                 ray.get(actor.ping.remote(), timeout=min(5.0, self.config.timeout_s))
             except Exception:  # noqa: BLE001 - dead or hung: replace it
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:  # noqa: BLE001
-                    pass
-                self._hosts[h] = self._new_host(h)
+                _kill(ray, actor)
+                self._hosts[h] = self._new_host(h)[0]
         ray.get([a.ping.remote() for a in self._hosts], timeout=max(self.config.timeout_s, 60.0))
         self._hosts_dirty = False
 
@@ -356,13 +408,21 @@ class Engine:
                 self.parties.close()
             except Exception:  # noqa: BLE001
                 pass
-        for h in self._hosts:
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
+        # healthy hosts of a driver that keeps its Ray go back to the pool, unloaded (host_pool)
+        keep = not self._owns_ray and not self._hosts_dirty and ray.is_initialized()
+        for h, actor in enumerate(self._hosts):
+            if keep:
+                try:
+                    actor.unload.remote()
+                    if host_pool.give(self._placed[h], actor):
+                        continue
+                except Exception:  # noqa: BLE001 - not poolable: killed below
+                    pass
+            _kill(ray, actor)
         self._hosts = []
         if self._owns_ray and ray.is_initialized():
+            for actor in host_pool.clear():
+                _kill(ray, actor)
             ray.shutdown()
 
     def __enter__(self):

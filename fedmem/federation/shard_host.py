@@ -137,6 +137,20 @@ class ShardHostCore:
 class _HostActor(ShardHostCore):
     """Ray actor wrapper: multi-return ``candidates`` (one object per party)."""
 
+    def load(self, shard_ids, keys, values, **kw) -> bool:
+        """Become a new host of other shards (a pooled actor, :mod:`fedmem.federation.host_pool`):
+        everything this instance held is dropped, then the constructor runs again with these
+        arguments (the same ones a new actor gets, so the same state)."""
+        self.unload()
+        ShardHostCore.__init__(self, shard_ids, keys, values, **kw)
+        return True
+
+    def unload(self) -> bool:
+        """Drop the shards, their keys and values and the share generator (an idle pooled host holds
+        no data; every data method fails until the next :meth:`load`)."""
+        self.__dict__.clear()
+        return True
+
     def candidates_split(self, q, mode: str):
         packets = self.candidates(q, mode)
         return tuple(packets) if len(packets) > 1 else packets[0]
