@@ -11,7 +11,8 @@ demo: install
 
 # The whole suite (what CI runs); the 25 slowest tests are listed at the end. Two pytest-xdist
 # workers, one test file per worker at a time (--dist loadfile: a module's shared fixtures stay in
-# one process; each worker starts its own private Ray and CrypTen parties). PYTEST_WORKERS=0 runs
+# one process; each worker starts its own private Ray and CrypTen parties), the longest files first
+# (--no-loadscope-reorder keeps the order tests/conftest.py gives them). PYTEST_WORKERS=0 runs
 # it in one process. PYTHONDONTWRITEBYTECODE is cleared for the run: with it set (as on the
 # development machines), every worker re-runs pytest's assertion rewriting of every test module
 # at collection (12 s instead of 7 s per worker, measured); the .pyc files go to __pycache__/
@@ -19,7 +20,7 @@ demo: install
 PYTEST_WORKERS ?= 2
 test: install
 	@$(VENV)/bin/lint-imports --no-cache
-	@PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	@PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Development lane: everything but the tests marked slow (own clusters, subprocess runs).
 test-fast: install
