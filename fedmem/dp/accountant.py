@@ -33,7 +33,6 @@ names stay importable from here.
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from fedmem import _validate as V
 from fedmem.dp.composition import (
     Track,
     bookable,
+    copy_tracks,
     em_rho,
     memoise_pld_gaussian,
     memoise_rdp_gaussian,
@@ -149,7 +149,7 @@ class Accountant:
         self._tracks = self._new_tracks()
         self._last_id = 0
         self._count = 0
-        with self.store.transaction() as db:
+        with self.store.snapshot() as db:
             self._sync(db)
 
     def _new_tracks(self) -> list[Track]:
@@ -200,13 +200,13 @@ class Accountant:
             rid = cur.lastrowid
         # Fold the new row in only after COMMIT succeeded: if the commit fails, in-memory
         # state must not hold (or skip past the id of) a row that was never written.
-        with self.store.transaction() as db:
+        with self.store.snapshot() as db:
             self._sync(db)
         return Booking(rid, payload, str(label), ts)
 
     def _trial_epsilon(self, events, delta: float) -> float:
         """Epsilon at ``delta`` if ``events`` were composed on top of the current history."""
-        return _epsilon_after(copy.deepcopy(self._tracks), [_normalised(e) for e in events], delta)
+        return _epsilon_after(copy_tracks(self._tracks), [_normalised(e) for e in events], delta)
 
     def fits(self, events, budget: tuple[float, float] | None = None) -> bool:
         """Whether composing ``events`` (a list) would stay within this accountant's budget
@@ -216,7 +216,7 @@ class Accountant:
         callers use it to decide admission *before* computing anything private.
         """
         events = list(events)
-        with self.store.transaction() as db:
+        with self.store.snapshot() as db:
             self._sync(db)
         for cap in (self.budget, budget):
             if cap is None or cap[0] == float("inf"):
@@ -231,7 +231,7 @@ class Accountant:
     def spent(self, delta: float) -> float:
         """Total epsilon of everything booked so far, at ``delta``."""
         delta = V.open_unit("delta", delta)
-        with self.store.transaction() as db:
+        with self.store.snapshot() as db:
             self._sync(db)
         return smallest_epsilon(self._tracks, delta)
 
@@ -242,7 +242,7 @@ class Accountant:
 
     @property
     def count(self) -> int:
-        with self.store.transaction() as db:
+        with self.store.snapshot() as db:
             self._sync(db)
         return self._count
 
@@ -358,7 +358,7 @@ def book_groups(groups, labels, trace=None) -> tuple[list[list[Booking]], list[f
                     raise BudgetExceeded(f"booking {what} would raise epsilon of accountant {acc.name!r} to "
                                          f"{eps:.6g} > budget {cap[0]!r} at delta={cap[1]!r}.")
         if trace is not None:
-            copies = {i: [acc._count, copy.deepcopy(acc._tracks)] for i, acc in traced_accs.items()}
+            copies = {i: [acc._count, copy_tracks(acc._tracks)] for i, acc in traced_accs.items()}
             for g, evs, t in zip(pgroups, events, trace):
                 for (acc, _, _), ev in zip(g, evs):
                     if id(acc) in copies:
@@ -372,7 +372,7 @@ def book_groups(groups, labels, trace=None) -> tuple[list[list[Booking]], list[f
                 cur = db.execute("INSERT INTO accountant_events (accountant, event, label, ts) VALUES (?, ?, ?, ?)",
                                  (acc.name, json.dumps(payload), label, ts))
                 out[i].append(Booking(cur.lastrowid, payload, label, ts))
-    with store.transaction() as db:
+    with store.snapshot() as db:
         for acc, _, _ in per_acc.values():
             acc._sync(db)
     return out, traced

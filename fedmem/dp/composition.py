@@ -243,6 +243,31 @@ class Track:
         return float(base) + float(self.basic.epsilon)
 
 
+def copy_tracks(tracks) -> list:
+    """Independent copies of ``tracks`` for a trial composition (what ``copy.deepcopy`` gives,
+    at a fraction of its cost). An ``RdpAccountant``'s state is its ``_rdp`` curve (copied), its
+    fixed orders (shared, never written) and its ledger builder (copied list of (event,
+    count) pairs; events are immutable); ``_Basic`` sums are immutable. Any other backend (the
+    PLD accountant) is deep-copied as before. Tested: composing on a copy gives the deep copy's
+    epsilon bit for bit and leaves the original unchanged."""
+    from dp_accounting.rdp import RdpAccountant   # loaded already: the tracks exist
+
+    out = []
+    for t in tracks:
+        c = copy.copy(t)
+        acc = t.acc
+        if type(acc) is RdpAccountant and type(acc._ledger) is dp_accounting.DpEventBuilder:
+            a = copy.copy(acc)
+            a._rdp = acc._rdp.copy()
+            a._ledger = copy.copy(acc._ledger)
+            a._ledger._event_counts = list(acc._ledger._event_counts)
+            c.acc = a
+        else:
+            c.acc = copy.deepcopy(acc)
+        out.append(c)
+    return out
+
+
 def smallest_epsilon(tracks, delta: float) -> float:
     """Smallest valid epsilon at ``delta`` over the tracks.
 

@@ -73,6 +73,15 @@ class DurableStore:
                     self._conn.execute("ROLLBACK")
                 raise
 
+    @contextmanager
+    def snapshot(self):
+        """The connection for reads only, in autocommit: each statement sees one committed state of
+        the database and takes no write lock (an accountant's catch-up read before a decision or a
+        report; ``BEGIN IMMEDIATE`` ... ``COMMIT`` around it cost two more statements and the write
+        lock, for nothing: the booking itself re-reads and re-checks inside its own transaction)."""
+        with self._lock:
+            yield self._conn
+
     def read(self, sql: str, params=()):
         with self._lock:
             return self._conn.execute(sql, params).fetchall()

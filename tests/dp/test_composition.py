@@ -64,3 +64,78 @@ def test_rdp_epsilon_edge_cases_are_dp_accountings():
         rdp_epsilon(orders, orders[:-1], 1e-6)
     with pytest.raises(ValueError, match="at least 1"):
         rdp_epsilon(np.array([0.5, 2.0]), np.array([0.1, 0.2]), 1e-6)
+
+
+# ------------------------------------------------------------------ copy_tracks (trial compositions)
+def _history(rng, n):
+    """A random history in the shapes fedmem books: Gaussian (repeated and not), Laplace,
+    self-composed and composed events, pure/approximate DP and EM selections."""
+    import dp_accounting
+
+    from fedmem.dp.mechanisms import ApproxDpEvent, PureDpEvent
+
+    out = []
+    for _ in range(n):
+        c = int(rng.integers(6))
+        if c == 0:
+            out.append(dp_accounting.GaussianDpEvent(float(rng.choice([1.0, 2.5, 6.0]))))
+        elif c == 1:
+            out.append(dp_accounting.LaplaceDpEvent(float(rng.uniform(0.5, 3.0))))
+        elif c == 2:
+            out.append(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(3.0), int(rng.integers(1, 5))))
+        elif c == 3:
+            out.append(dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(4.0),
+                                                      dp_accounting.LaplaceDpEvent(2.0)]))
+        elif c == 4:
+            out.append(PureDpEvent(float(rng.uniform(0.01, 0.2))))
+        else:
+            out.append(ApproxDpEvent(float(rng.uniform(0.01, 0.2)), 1e-9))
+    return out
+
+
+def _trial(copier, tracks, events, delta):
+    from fedmem.dp.composition import smallest_epsilon
+
+    trial = copier(tracks)
+    for e in events:
+        for t in trial:
+            t.compose(e)
+    return smallest_epsilon(trial, delta)
+
+
+def _share_the_curve(tracks):
+    """Broken: a shallow copy (composing on it writes the original's RDP curve in place)."""
+    import copy
+
+    return [copy.copy(t) for t in tracks]
+
+
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+def test_copy_tracks_is_a_deep_copy_and_a_shallow_one_is_caught(kind):
+    import copy
+
+    from fedmem.dp.accountant import _normalised, new_tracks
+    from fedmem.dp.composition import copy_tracks, smallest_epsilon
+
+    rng = np.random.default_rng(7)
+    checks = 0
+    for _ in range(6 if kind == "rdp" else 2):
+        tracks = new_tracks(kind)
+        for e in _history(rng, int(rng.integers(0, 12))):
+            for t in tracks:
+                t.compose(_normalised(e))
+        trial = [_normalised(e) for e in _history(rng, 3)]
+        for delta in (1e-6, 1e-3):
+            before = smallest_epsilon(tracks, delta)
+            want = _trial(copy.deepcopy, tracks, trial, delta)
+            assert _trial(copy_tracks, tracks, trial, delta) == want           # bit for bit
+            assert smallest_epsilon(tracks, delta) == before                   # the original untouched
+            checks += 1
+    assert checks == (12 if kind == "rdp" else 4)
+    if kind == "rdp":    # the same check catches a copy that shares the curve
+        tracks = new_tracks(kind)
+        for t in tracks:
+            t.compose(_normalised(_history(np.random.default_rng(1), 1)[0]))
+        before = smallest_epsilon(tracks, 1e-6)
+        _trial(_share_the_curve, tracks, [_normalised(e) for e in _history(rng, 3)], 1e-6)
+        assert smallest_epsilon(tracks, 1e-6) != before
