@@ -535,7 +535,7 @@ def test_synthetic_paper_gamma_scenario_is_labelled(tmp_path):
 
     payload, _, _ = run_scenario("scenarios/brace_synthetic_paper_gamma.toml",
                                  ["repetitions=20", "query.sweep_points=2", "sweep_repetitions=5", "bootstrap=20",
-                                  "query.placement=fixed"], out=tmp_path, as_json=True)
+                                  "query.placement=fixed", "figures=false"], out=tmp_path, as_json=True)
     m = payload["metrics"]
     assert m["paper_gamma_label"] == "violates Eq. (8): not a DP guarantee" and m["paper_gamma"] == 0.25
     assert "BRACE paper-gamma" in m["per_step_error"]
