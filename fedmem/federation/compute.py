@@ -33,8 +33,8 @@ import numpy as np
 from fedmem import _validate as V
 from fedmem._ray import ensure_ray
 from fedmem.errors import FederationFault, MpcFailure
-from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
 from fedmem.federation import host_pool
+from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
 from fedmem.federation.config import FederationConfig
 from fedmem.federation.parties import Parties
 from fedmem.federation.shard_host import host_actor_class, split_shards
