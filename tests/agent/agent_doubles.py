@@ -4,6 +4,7 @@ and the isolated agents' zygote import the classes by name, as they import the t
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -18,7 +19,12 @@ class SlowAfterRelease(AgentClient):
     def _dpmind(self, task):
         out = super()._dpmind(task)
         if task.index == 1:
-            Path(self.ledger.store.path).with_suffix(".released").write_text(str(len(self.dpmind_sent)))
+            # written whole, then renamed: the test waits for the name to appear and kills this agent at
+            # once, so a file created empty and then written could be read before its text (seen once)
+            flag = Path(self.ledger.store.path).with_suffix(".released")
+            tmp = flag.with_suffix(".released-tmp")
+            tmp.write_text(str(len(self.dpmind_sent)))
+            os.replace(tmp, flag)
             time.sleep(60)
         return out
 
