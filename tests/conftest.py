@@ -20,6 +20,10 @@ prints the 25 slowest tests, ``make test-fast`` skips the ``slow`` ones):
   in its own temp dir and is stopped by PID, never ``ray stop``.
 * **Statistical tests** are sized by the power they need: state in a comment the sample
   size, the test's level and its power (or margin) against the broken variant it must catch.
+* **A new test file that takes more than ~15 s** goes into ``FILE_SECONDS`` below with its
+  measured seconds, so that ``make test`` starts it early instead of leaving it for the end.
+* **Federations** may be built and closed freely: their shard-host actors go back to a pool
+  (``fedmem.federation.host_pool``) and the next federation of the worker reuses them.
 """
 
 from __future__ import annotations
