@@ -4,6 +4,7 @@ total across resumes (with their table in report.md)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -55,6 +56,15 @@ COMPOSE_LIMIT = 2000  # events per accountant composed for the report (beyond: c
 
 
 def _compose(kind: str, events: list[str], delta: float) -> float:
+    return _composed(kind, tuple(events), float(delta))
+
+
+@functools.lru_cache(maxsize=4096)
+def _composed(kind: str, events: tuple[str, ...], delta: float) -> float:
+    """Epsilon of a ledger's rows (their stored JSON text) at ``delta``: a pure function of its
+    arguments, memoised because a run's principals mostly hold the same few histories (a
+    membership game gives every trial a fresh principal with the same one or two bookings:
+    ~560 ledgers, a few dozen distinct histories, per support-leak run)."""
     from fedmem.dp.accountant import composed_epsilon  # lazy: loads dp_accounting (~190 ms)
     from fedmem.dp.events import event_from_text  # lazy: loads dp_accounting (~130 ms)
 
