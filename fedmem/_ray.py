@@ -61,6 +61,15 @@ def resolve_address(ray_address: str | None = None) -> str | None:
     return None if address == "local" else address
 
 
+def kill_actor(actor) -> None:
+    """``ray.kill(actor, no_restart=True)``, quietly: an actor that is already gone (or a Ray that
+    is gone) is not an error for the teardown paths that call this."""
+    try:
+        _ray().kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already dead
+        pass
+
+
 def ensure_ray(ray_address: str | None = None, *, num_cpus: int | None = None,
                object_store_mb: int | None = None) -> bool:
     """Make sure this process is connected to Ray. Returns True when it started a private

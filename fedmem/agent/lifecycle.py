@@ -5,6 +5,8 @@ session module imports the other (no cycle)."""
 
 from __future__ import annotations
 
+from fedmem._ray import kill_actor
+
 
 def reopen_agent_ledger(session, user: str):
     """A fresh :class:`AgentLedger` on ``user``'s files in ``session`` (either session mode:
@@ -31,7 +33,4 @@ def close_actors(fed, handles) -> None:
         except Exception:  # noqa: BLE001
             pass
     for h in handles:
-        try:
-            ray.kill(h, no_restart=True)
-        except Exception:  # noqa: BLE001
-            pass
+        kill_actor(h)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmem import _validate as V
-from fedmem._ray import ensure_ray
+from fedmem._ray import ensure_ray, kill_actor
 from fedmem.errors import FederationFault, MpcFailure
 from fedmem.federation import host_pool
 from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
@@ -84,13 +84,6 @@ def _ray():
 POOLED_LOAD_TIMEOUT_S = 10.0
 """How long a federation waits for a pooled host to load its shards before it replaces it by a new
 actor (a pooled host answers in milliseconds unless it is dead or still busy)."""
-
-
-def _kill(ray, actor):
-    try:
-        ray.kill(actor, no_restart=True)
-    except Exception:  # noqa: BLE001 - already gone
-        pass
 
 
 class Engine:
@@ -252,7 +245,7 @@ class Engine:
                 except Exception:  # noqa: BLE001 - dead or busy pooled host: a new actor takes its place
                     stale.append(h)
             for h in stale:
-                _kill(ray, self._hosts[h])
+                kill_actor(self._hosts[h])
                 self._hosts[h], ref, _ = self._new_host(h, self._args[h])
                 starting[h] = (ref, False)
             ray.get([ref for ref, reused in starting if not reused], timeout=wait)
@@ -275,7 +268,7 @@ class Engine:
             try:
                 ray.get(actor.ping.remote(), timeout=min(5.0, self.config.timeout_s))
             except Exception:  # noqa: BLE001 - dead or hung: replace it
-                _kill(ray, actor)
+                kill_actor(actor)
                 self._hosts[h] = self._new_host(h)[0]
         ray.get([a.ping.remote() for a in self._hosts], timeout=max(self.config.timeout_s, 60.0))
         self._hosts_dirty = False
@@ -418,11 +411,11 @@ class Engine:
                         continue
                 except Exception:  # noqa: BLE001 - not poolable: killed below
                     pass
-            _kill(ray, actor)
+            kill_actor(actor)
         self._hosts = []
         if self._owns_ray and ray.is_initialized():
             for actor in host_pool.clear():
-                _kill(ray, actor)
+                kill_actor(actor)
             ray.shutdown()
 
     def __enter__(self):

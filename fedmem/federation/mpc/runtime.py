@@ -15,7 +15,7 @@ from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, 
 from fedmem.federation.mpc.networks import IMPLS, PROVIDERS, secure_program
 from fedmem.federation.parties import Parties
 from fedmem.federation.sharing import REVEALABLE, PartyKey, Revealed, SelectionSpec
-from fedmem._ray import ensure_ray
+from fedmem._ray import ensure_ray, kill_actor
 
 
 class _CryptenParty:
@@ -317,10 +317,7 @@ class CryptenParties(Parties):
         import ray
 
         for a in [*self._actors, *([self._ttp] if self._ttp is not None else [])]:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # noqa: BLE001 - already dead
-                pass
+            kill_actor(a)
         self._actors, self._ttp, self._ttp_ref = [], None, None
         if self._pg is not None:
             try:
