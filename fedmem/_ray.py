@@ -20,9 +20,15 @@ scenario's ``[ray]`` table (``num_cpus``, ``object_store_mb``; 0 means "the mach
 count" and "Ray's default"), never a hard-coded number; an attached cluster keeps its own.
 
 Start-up of the private instance: ``include_dashboard=False`` (the dashboard head then
-loads only its usage-stats module and no web frontend) and ``log_to_driver=False``.
-``ray.init`` offers no switch for the rest: the raylet always starts its dashboard agent
-and runtime-env agent, and the head its autoscaler monitor and log monitor (Ray 2.55).
+loads only its usage-stats module and no web frontend) and ``log_to_driver=False``; and,
+through :func:`lean_private_head` (Ray 2.55 offers these as ``ray start`` flags and as
+``RayParams`` fields, not as ``ray.init`` arguments), no autoscaler monitor (a private
+instance has fixed local resources: nothing to scale), no log monitor (with
+``log_to_driver=False`` nothing reads what it publishes; worker logs stay in the session's
+``logs/`` folder) and a dashboard agent that sends its node reports every 10 minutes instead
+of every 5 s (they feed a dashboard that a private instance does not run). Measured on 2
+cores (``scripts/bench_ray_start.py``): see docs/cluster.md. The raylet still starts its
+dashboard agent and runtime-env agent (it exits when either dies).
 ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0`` is set before Ray starts: it opts into Ray's
 future behaviour and silences the FutureWarning Ray prints otherwise (fedmem uses no
 accelerators in Ray workers).
@@ -30,6 +36,7 @@ accelerators in Ray workers).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 
@@ -70,6 +77,40 @@ def kill_actor(actor) -> None:
         pass
 
 
+# The environment of a private instance's raylet and of the agents it starts: the dashboard
+# agent's reporter module collects and sends node statistics every REPORTER_UPDATE_INTERVAL_MS
+# (Ray's default 5,000 ms: ~1 s of CPU per minute with 8 actors on this 2-core machine).
+QUIET_AGENT_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "600000"}
+
+
+@contextlib.contextmanager
+def lean_private_head():
+    """While active, a head node that ``ray.init`` starts in this process gets
+    ``no_monitor=True``, ``include_log_monitor=False`` and :data:`QUIET_AGENT_ENV` for its raylet.
+
+    A wrapper around ``ray._private.node.Node.__init__`` (what ``ray.init`` calls with the
+    ``RayParams`` it built), restored on exit; nodes that only connect (``head=False``:
+    attaching to a cluster) are untouched. ``tests/test_ray_coexist.py`` checks that a private
+    instance runs without the two monitors, so a Ray upgrade that moves these internals fails
+    that test instead of silently starting them again."""
+    from ray._private import node as ray_node
+
+    original = ray_node.Node.__init__
+
+    def init(self, ray_params, *args, **kwargs):
+        if kwargs.get("head", args[0] if args else False):
+            ray_params.no_monitor = True
+            ray_params.include_log_monitor = False
+            ray_params.env_vars = {**(ray_params.env_vars or {}), **QUIET_AGENT_ENV}
+        original(self, ray_params, *args, **kwargs)
+
+    ray_node.Node.__init__ = init
+    try:
+        yield
+    finally:
+        ray_node.Node.__init__ = original
+
+
 def ensure_ray(ray_address: str | None = None, *, num_cpus: int | None = None,
                object_store_mb: int | None = None) -> bool:
     """Make sure this process is connected to Ray. Returns True when it started a private
@@ -82,7 +123,8 @@ def ensure_ray(ray_address: str | None = None, *, num_cpus: int | None = None,
         return False
     address = resolve_address(ray_address)
     if address is None:
-        ray.init(**local_options(num_cpus, object_store_mb))
+        with lean_private_head():
+            ray.init(**local_options(num_cpus, object_store_mb))
         return True
     ray.init(address=address, log_to_driver=False)
     return False

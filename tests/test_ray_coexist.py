@@ -126,3 +126,41 @@ def test_fedmem_run_beside_a_running_ray_cluster(tmp_path):
         cur = Path("/tmp/ray/ray_current_cluster")
         if address and cur.exists() and cur.read_text().strip() == address:
             cur.unlink()     # what `ray stop` would remove, for our cluster only
+
+
+def test_private_instance_runs_without_the_monitors_and_with_a_quiet_agent(ray_local):
+    """fedmem's private instance (``ensure_ray("local")``, as the session's ``ray_local``) has no
+    autoscaler monitor and no log monitor, and its raylet's agents run with a 10-minute report
+    interval. Read from the node's own process table and from /proc; a Ray upgrade that moves the
+    internals ``lean_private_head`` wraps fails here."""
+    import ray._private.ray_constants as rc
+    from ray._private import node as ray_node
+
+    from fedmem._ray import QUIET_AGENT_ENV, lean_private_head
+
+    node = ray_local._private.worker._global_node
+    kinds = set(node.all_processes)
+    assert rc.PROCESS_TYPE_RAYLET in kinds and rc.PROCESS_TYPE_GCS_SERVER in kinds, kinds
+    assert rc.PROCESS_TYPE_MONITOR not in kinds and rc.PROCESS_TYPE_LOG_MONITOR not in kinds, kinds
+    session = Path(node.get_session_dir_path()).name
+    seen = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            env = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if session.encode() in cmd and b"dashboard/agent.py" in cmd:
+            seen["agent"] = env
+        if session.encode() in cmd and (b"log_monitor.py" in cmd or b"autoscaler/_private/monitor.py" in cmd):
+            seen.setdefault("monitors", []).append(cmd[:200])
+    assert "monitors" not in seen, seen["monitors"]
+    want = [f"{k}={v}".encode() for k, v in QUIET_AGENT_ENV.items()]
+    assert "agent" in seen and all(w in seen["agent"] for w in want), "dashboard agent not found or not quiet"
+    # the wrapper is gone after the start: a later Node (an attach, a Flower simulation's own start) is Ray's
+    original = ray_node.Node.__init__
+    with lean_private_head():
+        assert ray_node.Node.__init__ is not original
+    assert ray_node.Node.__init__ is original

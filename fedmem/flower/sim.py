@@ -5,7 +5,8 @@ Flower 1.42's Ray backend calls ``ray.init`` itself when Ray is not initialised 
 a process that already uses Ray (a test session, a ``fedmem run`` of another kind) that
 would tear the caller's Ray down, so every simulation runs in a spawned child process,
 where Flower starts a private local Ray (``fedmem._ray.local_options``: ``address="local"``,
-the given CPUs, no dashboard) exactly as it normally does, and stops it.
+the given CPUs, no dashboard; the same lean head as fedmem's own private instance,
+``fedmem._ray.lean_private_head``) exactly as it normally does, and stops it.
 
 :func:`simulate` takes a plain dict (picklable) and returns plain data: the
 :class:`~fedmem.flower.apps.Recorder` records, the gateway's audit, the decoded SecAgg+
@@ -103,7 +104,7 @@ def _run(spec: dict) -> dict:
     from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
     from flwr.simulation import run_simulation
 
-    from fedmem._ray import local_options  # lazy: ~1 ms, no heavy package
+    from fedmem._ray import lean_private_head, local_options  # lazy: ~1 ms, no heavy package
     from fedmem.flower.apps import QueryStrategy, Recorder, make_client_app  # lazy: ~14 ms, no heavy package
 
     logging.getLogger("flwr").setLevel(spec.get("flwr_log_level", logging.WARNING))
@@ -164,7 +165,8 @@ def _run(spec: dict) -> dict:
     backend = {"init_args": {**init_args, "log_to_driver": False},
                "client_resources": {"num_cpus": spec.get("client_cpus", 0.5), "num_gpus": 0.0}}
     t0 = time.perf_counter()
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=m, backend_config=backend)
+    with lean_private_head():   # Flower's Ray backend starts a private instance here: the same lean head as fedmem's
+        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=m, backend_config=backend)
     wall = time.perf_counter() - t0
     logging.getLogger("flwr").removeHandler(warn)
     # The exact SecAgg+ sums the server decoded, for the rounds whose aggregate was released (fedmem contract).
