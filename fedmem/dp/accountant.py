@@ -46,6 +46,7 @@ from fedmem.dp.composition import (
     em_rho,
     memoise_pld_gaussian,
     memoise_rdp_gaussian,
+    memoise_rdp_laplace,
     smallest_epsilon,
     split_pure,
 )
@@ -83,6 +84,7 @@ def new_tracks(kind: AccountantKind, pld_discretization: float = 1e-4) -> list[T
     from dp_accounting import rdp
 
     memoise_rdp_gaussian()
+    memoise_rdp_laplace()
     if kind == "rdp":
         primary = rdp.RdpAccountant()
     else:

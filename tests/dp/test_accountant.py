@@ -482,6 +482,56 @@ def test_pld_gaussian_memo_returns_what_dp_accounting_computes():
             assert again.get_delta_for_epsilon(eps) == fresh.get_delta_for_epsilon(eps) > 0
 
 
+def _laplace_curves_match(memo_cls) -> bool:
+    """Compose the same random histories (Laplace events of many scales and counts, Gaussian and
+    composed events between them, two sets of orders) with ``memo_cls`` and with dp-accounting's
+    own ``_maybe_compose``: True when every RDP curve and epsilon is the same float."""
+    from dp_accounting.rdp import rdp_privacy_accountant as R
+
+    class Plain(rdp.RdpAccountant):
+        _maybe_compose = R.RdpAccountant._maybe_compose.__wrapped__
+
+    rng = np.random.default_rng(7)
+    scales = [0.05, 0.3, 1.0, 1 / 3, 2.5, 40.0, 7]
+    default = np.array(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=float)
+    for orders in (default, default + 0.5):       # two order sets of the same length
+        memo, plain = memo_cls(orders), Plain(orders)
+        for _ in range(60):
+            b = scales[int(rng.integers(len(scales)))]
+            event = rng.choice([L(b), SC(L(b), int(rng.integers(1, 9))), C([L(b), G(1.0 + b)]), G(b + 0.5)])
+            memo.compose(event)
+            plain.compose(event)
+            if not (np.array_equal(memo._rdp, plain._rdp) and memo.get_epsilon(1e-6) == plain.get_epsilon(1e-6)):
+                return False
+    return True
+
+
+def test_laplace_rdp_memo_composes_what_dp_accounting_composes():
+    """The Laplace RDP memo (``memoise_rdp_laplace``, on once an accountant exists) gives the same
+    curves and epsilons, bit for bit, as dp-accounting's own method on random histories; a memo
+    keyed on the scale alone (it ignores the accountant's orders) is caught by the same check."""
+    from dp_accounting.rdp import rdp_privacy_accountant as R
+
+    Accountant("rdp")
+    assert getattr(R.RdpAccountant._maybe_compose, "_fedmem_memo", False)
+    assert _laplace_curves_match(rdp.RdpAccountant)
+
+    memo: dict = {}
+
+    class ScaleOnly(rdp.RdpAccountant):
+        def _maybe_compose(self, event, count, do_compose):
+            if do_compose and type(event) is L:
+                curve = memo.setdefault(event.noise_multiplier, np.array(
+                    [R._laplace_rdp(1 / event.noise_multiplier, a) for a in self._orders]))
+                self._rdp += count * curve
+                return None
+            return R.RdpAccountant._maybe_compose.__wrapped__(self, event, count, do_compose)
+
+    assert not _laplace_curves_match(ScaleOnly)
+    with pytest.raises(ValueError, match="eps must be > 0"):    # dp-accounting's own error, unmemoised
+        rdp.RdpAccountant().compose(L(-1.0))
+
+
 @pytest.mark.parametrize("kind", ["rdp", "pld"])
 def test_composed_epsilon_is_what_an_accountant_reports_after_booking(kind):
     """The report's one-pass composition equals booking one by one (the same float), and refuses
