@@ -19,16 +19,17 @@ fedmem stops only what it started (``ray.shutdown()`` of its own instance), neve
 scenario's ``[ray]`` table (``num_cpus``, ``object_store_mb``; 0 means "the machine's CPU
 count" and "Ray's default"), never a hard-coded number; an attached cluster keeps its own.
 
-Start-up of the private instance: ``include_dashboard=False`` (the dashboard head then
-loads only its usage-stats module and no web frontend) and ``log_to_driver=False``; and,
-through :func:`lean_private_head` (Ray 2.55 offers these as ``ray start`` flags and as
-``RayParams`` fields, not as ``ray.init`` arguments), no autoscaler monitor (a private
+Start-up of the private instance: ``include_dashboard=False`` and ``log_to_driver=False``;
+and, through :func:`lean_private_head` (Ray 2.55 offers the first two as ``ray start`` flags
+and ``RayParams`` fields, not as ``ray.init`` arguments), no autoscaler monitor (a private
 instance has fixed local resources: nothing to scale), no log monitor (with
 ``log_to_driver=False`` nothing reads what it publishes; worker logs stay in the session's
-``logs/`` folder) and a dashboard agent that sends its node reports every 10 minutes instead
-of every 5 s (they feed a dashboard that a private instance does not run). Measured on 2
-cores (``scripts/bench_ray_start.py``): see docs/cluster.md. The raylet still starts its
-dashboard agent and runtime-env agent (it exits when either dies).
+``logs/`` folder), no dashboard head (without a dashboard Ray would start it with its
+usage-stats module only, and wait for it) and a dashboard agent that sends its node reports
+every 10 minutes instead of every 5 s (they feed a dashboard that is not there). Measured
+side by side (``scripts/bench_ray_start.py``, docs/cluster.md): ``ray.init`` 3.5 vs 6.3 s,
+half the CPU at start and when idle. The raylet still starts its dashboard agent and
+runtime-env agent (it exits when either dies).
 ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0`` is set before Ray starts: it opts into Ray's
 future behaviour and silences the FutureWarning Ray prints otherwise (fedmem uses no
 accelerators in Ray workers).
@@ -86,7 +87,10 @@ QUIET_AGENT_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "600000"}
 @contextlib.contextmanager
 def lean_private_head():
     """While active, a head node that ``ray.init`` starts in this process gets
-    ``no_monitor=True``, ``include_log_monitor=False`` and :data:`QUIET_AGENT_ENV` for its raylet.
+    ``no_monitor=True``, ``include_log_monitor=False`` and :data:`QUIET_AGENT_ENV` for its raylet,
+    and, when no dashboard was asked for (``include_dashboard=False``), no dashboard head process
+    (Ray starts it with its usage-stats module only and waits up to ~1.6 s for it; without it the
+    node is in the state Ray accepts when that optional server fails to start: no web UI URL).
 
     A wrapper around ``ray._private.node.Node.__init__`` (what ``ray.init`` calls with the
     ``RayParams`` it built), restored on exit; nodes that only connect (``head=False``:
@@ -104,11 +108,21 @@ def lean_private_head():
             ray_params.env_vars = {**(ray_params.env_vars or {}), **QUIET_AGENT_ENV}
         original(self, ray_params, *args, **kwargs)
 
+    original_api = ray_node.Node.start_api_server
+
+    def api_server(self, *, include_dashboard, raise_on_failure):
+        if include_dashboard:           # a dashboard was asked for: Ray's own start
+            return original_api(self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+        self._webui_url = None          # Ray's state when its optional API server did not start
+        return None
+
     ray_node.Node.__init__ = init
+    ray_node.Node.start_api_server = api_server
     try:
         yield
     finally:
         ray_node.Node.__init__ = original
+        ray_node.Node.start_api_server = original_api
 
 
 def ensure_ray(ray_address: str | None = None, *, num_cpus: int | None = None,

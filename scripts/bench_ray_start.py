@@ -1,15 +1,15 @@
 """Benchmark: what a private Ray instance costs in CPU, fedmem's lean head vs Ray's default.
 
 fedmem starts its private instance through ``fedmem._ray.ensure_ray`` (``lean_private_head``:
-no autoscaler monitor, no log monitor, the dashboard agent's node reports every 10 minutes
-instead of every 5 s). The baseline is the same ``ray.init`` (``include_dashboard=False``,
+no autoscaler monitor, no log monitor, no dashboard head, the dashboard agent's node reports
+every 10 minutes instead of every 5 s). The baseline is the same ``ray.init`` (``include_dashboard=False``,
 ``log_to_driver=False``, the same CPUs) without the wrapper. Trials alternate (lean, plain,
 lean, ...), each in a fresh child process, which starts the instance, creates ``--actors`` idle
 actors, and reads every process of that Ray session from /proc:
 
 * ``start_wall_s``: wall time of ``ray.init``;
 * ``start_cpu_s``: CPU seconds of the instance's own processes (GCS, raylet, agents, monitors,
-  dashboard head; not the actors) from its start to ``--settle`` seconds after the actors answered;
+  dashboard head; not the actors and workers) from its start to ``--settle`` seconds after the actors answered;
 * ``idle_cpu_per_min``: CPU seconds per minute of those processes over the next ``--steady``
   seconds with nothing running (what a long-lived instance, a test session's, pays).
 
@@ -49,10 +49,11 @@ def _session_cpu(session: str) -> dict[str, float]:
             continue
         if session not in cmd and not comm.startswith("ray::"):
             continue
-        if (comm.startswith("ray::") and comm not in ("ray::DashboardA", "ray::RuntimeEnv")) or "default_worker.py" in cmd:
+        parts = cmd.split()
+        starting_worker = len(parts) > 1 and parts[1].endswith("default_worker.py")
+        if (comm.startswith("ray::") and comm not in ("ray::DashboardA", "ray::RuntimeEnv")) or starting_worker:
             continue        # actors and workers (also before they rename themselves): the same in both variants
         fields = stat[stat.rfind(")") + 2:].split()
-        parts = cmd.split()
         if comm.startswith("ray::") or comm in ("raylet", "gcs_server"):
             kind = comm
         else:

@@ -130,7 +130,7 @@ def test_fedmem_run_beside_a_running_ray_cluster(tmp_path):
 
 def test_private_instance_runs_without_the_monitors_and_with_a_quiet_agent(ray_local):
     """fedmem's private instance (``ensure_ray("local")``, as the session's ``ray_local``) has no
-    autoscaler monitor and no log monitor, and its raylet's agents run with a 10-minute report
+    autoscaler monitor, no log monitor and no dashboard head, and its raylet's agents run with a 10-minute report
     interval. Read from the node's own process table and from /proc; a Ray upgrade that moves the
     internals ``lean_private_head`` wraps fails here."""
     import ray._private.ray_constants as rc
@@ -141,7 +141,8 @@ def test_private_instance_runs_without_the_monitors_and_with_a_quiet_agent(ray_l
     node = ray_local._private.worker._global_node
     kinds = set(node.all_processes)
     assert rc.PROCESS_TYPE_RAYLET in kinds and rc.PROCESS_TYPE_GCS_SERVER in kinds, kinds
-    assert rc.PROCESS_TYPE_MONITOR not in kinds and rc.PROCESS_TYPE_LOG_MONITOR not in kinds, kinds
+    assert not kinds & {rc.PROCESS_TYPE_MONITOR, rc.PROCESS_TYPE_LOG_MONITOR, rc.PROCESS_TYPE_DASHBOARD}, kinds
+    assert node.webui_url is None
     session = Path(node.get_session_dir_path()).name
     seen = {}
     for d in Path("/proc").iterdir():
@@ -154,7 +155,8 @@ def test_private_instance_runs_without_the_monitors_and_with_a_quiet_agent(ray_l
             continue
         if session.encode() in cmd and b"dashboard/agent.py" in cmd:
             seen["agent"] = env
-        if session.encode() in cmd and (b"log_monitor.py" in cmd or b"autoscaler/_private/monitor.py" in cmd):
+        if session.encode() in cmd and any(m in cmd for m in (b"log_monitor.py", b"autoscaler/_private/monitor.py",
+                                                              b"dashboard/dashboard.py")):
             seen.setdefault("monitors", []).append(cmd[:200])
     assert "monitors" not in seen, seen["monitors"]
     want = [f"{k}={v}".encode() for k, v in QUIET_AGENT_ENV.items()]
