@@ -120,24 +120,46 @@ def free_port() -> int:
 
 def kill_processes_started_with(marker: str) -> list[int]:
     """SIGKILL every process whose command line contains ``marker`` (a temp dir only this
-    test uses), except this one; returns their PIDs. How a test stops a ``ray start``
-    cluster of its own: by PID, never ``ray stop`` (which stops everyone's Ray)."""
+    test uses) **and every descendant of one**, except this process; returns their PIDs. How a
+    test stops a ``ray start`` cluster of its own: by PID, never ``ray stop`` (which stops
+    everyone's Ray). The descendants matter: the raylet's dashboard agent and runtime-env agent
+    rename themselves (``ray::DashboardAgent``), so their command lines no longer name the temp
+    dir, and once the raylet was gone an orphaned dashboard agent kept running at 40-60% of a
+    core (seen after ``tests/system/test_ray_jobs.py``: still there minutes later, killed by hand). The tree is read
+    before anything is killed (a killed parent's children are re-parented to init)."""
     import signal
 
-    killed = []
+    me = os.getpid()
+    parent, roots = {}, []
     for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
+        if not d.name.isdigit():
             continue
         try:
+            stat = (d / "stat").read_text()
             cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if marker in cmdline:
-            try:
-                os.kill(int(d.name), signal.SIGKILL)
-                killed.append(int(d.name))
-            except OSError:
-                pass
+        pid = int(d.name)
+        parent[pid] = int(stat[stat.rfind(")") + 2:].split()[1])
+        if marker in cmdline and pid != me:
+            roots.append(pid)
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    tree, stack = [], list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid in tree or pid == me:
+            continue
+        tree.append(pid)
+        stack.extend(children.get(pid, []))
+    killed = []
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            pass
     return killed
 
 
