@@ -27,7 +27,7 @@ instance has fixed local resources: nothing to scale), no log monitor (with
 ``logs/`` folder), no dashboard head (without a dashboard Ray would start it with its
 usage-stats module only, and wait for it) and a dashboard agent that sends its node reports
 every 10 minutes instead of every 5 s (they feed a dashboard that is not there). Measured
-side by side (``scripts/bench_ray_start.py``, docs/cluster.md): ``ray.init`` 3.5 vs 6.3 s,
+side by side (``scripts/bench_ray_start.py``, docs/cluster.md): ``ray.init`` 3.6 vs 6.4 s,
 half the CPU at start and when idle. The raylet still starts its dashboard agent and
 runtime-env agent (it exits when either dies).
 ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0`` is set before Ray starts: it opts into Ray's
@@ -94,9 +94,10 @@ def lean_private_head():
 
     A wrapper around ``ray._private.node.Node.__init__`` (what ``ray.init`` calls with the
     ``RayParams`` it built), restored on exit; nodes that only connect (``head=False``:
-    attaching to a cluster) are untouched. ``tests/test_ray_coexist.py`` checks that a private
-    instance runs without the two monitors, so a Ray upgrade that moves these internals fails
-    that test instead of silently starting them again."""
+    attaching to a cluster) are untouched; so is ``Node.start_api_server``, wrapped the same way.
+    ``tests/test_ray_coexist.py`` checks that a private instance runs without the two monitors
+    and the dashboard head, so a Ray upgrade that moves these internals fails that test instead
+    of silently starting them again."""
     from ray._private import node as ray_node
 
     original = ray_node.Node.__init__

@@ -32,34 +32,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-HZ = os.sysconf("SC_CLK_TCK")
+from cpu_by_process import HZ, kind_of, read_proc  # noqa: E402 - scripts/ is on sys.path (this file's folder)
+
+AGENTS = ("ray::DashboardA", "ray::RuntimeEnv")   # the raylet's agents, by their (15-character) titles
 
 
 def _session_cpu(session: str) -> dict[str, float]:
-    """CPU seconds per process kind of the Ray session ``session`` (actors and workers excluded)."""
+    """CPU seconds per process kind of the Ray session ``session``: the processes whose command line
+    names it and their children (the raylet's agents rename themselves to ``ray::DashboardAgent``,
+    which names no session), actors and workers excluded (the same in both variants). Kinds and
+    the /proc reader are ``scripts/cpu_by_process.py``'s."""
+    procs = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and (got := read_proc(pid)) is not None:
+            procs[int(pid)] = got
+    own = {pid for pid, (_, _, _, _, cmd) in procs.items() if session in cmd}
     out: dict[str, float] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+    for pid, (cpu, _start, ppid, comm, cmd) in procs.items():
+        if pid not in own and ppid not in own:
             continue
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            comm = (d / "comm").read_text().strip()
-            stat = (d / "stat").read_text()
-        except OSError:
+        kind = kind_of(comm, cmd)
+        if kind == "ray-worker-starting" or (kind.startswith("ray::") and kind not in AGENTS):
             continue
-        if session not in cmd and not comm.startswith("ray::"):
-            continue
-        parts = cmd.split()
-        starting_worker = len(parts) > 1 and parts[1].endswith("default_worker.py")
-        if (comm.startswith("ray::") and comm not in ("ray::DashboardA", "ray::RuntimeEnv")) or starting_worker:
-            continue        # actors and workers (also before they rename themselves): the same in both variants
-        fields = stat[stat.rfind(")") + 2:].split()
-        if comm.startswith("ray::") or comm in ("raylet", "gcs_server"):
-            kind = comm
-        else:
-            kind = (parts[2] if len(parts) > 2 and parts[1] == "-u" else parts[1] if len(parts) > 1 else comm)
-            kind = kind.rsplit("/", 1)[-1]
-        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / HZ
+        out[kind] = out.get(kind, 0.0) + cpu / HZ
     return out
 
 

@@ -33,7 +33,8 @@ from pathlib import Path
 HZ = os.sysconf("SC_CLK_TCK")
 
 
-def _read(pid: str):
+def read_proc(pid: str):
+    """(CPU clock ticks, start time, parent pid, comm, command line) of process ``pid``; None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         comm = Path(f"/proc/{pid}/comm").read_text().strip()
@@ -41,7 +42,7 @@ def _read(pid: str):
     except OSError:
         return None
     fields = stat[stat.rfind(")") + 2:].split()
-    return int(fields[11]) + int(fields[12]), int(fields[19]), comm, cmd
+    return int(fields[11]) + int(fields[12]), int(fields[19]), int(fields[1]), comm, cmd
 
 
 def kind_of(comm: str, cmd: str) -> str:
@@ -90,10 +91,10 @@ def main(argv=None) -> int:
         for pid in os.listdir("/proc"):
             if not pid.isdigit() or pid == me:
                 continue
-            got = _read(pid)
+            got = read_proc(pid)
             if got is None:
                 continue
-            cpu, start, comm, cmd = got
+            cpu, start, _ppid, comm, cmd = got
             key = (pid, start)
             seen.add(key)
             # A process keeps the kind of its first sight (an exiting one has no command line left),

@@ -146,12 +146,12 @@ def kill_processes_started_with(marker: str) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
-    tree, stack = [], list(roots)
+    tree, stack = set(), list(roots)
     while stack:
         pid = stack.pop()
         if pid in tree or pid == me:
             continue
-        tree.append(pid)
+        tree.add(pid)
         stack.extend(children.get(pid, []))
     killed = []
     for pid in tree:
