@@ -30,6 +30,34 @@ def test_import_crypten_through_compat_module():
     assert "torch.onnx.symbolic_registry" in sys.modules  # the shim is in place
 
 
+def test_onnx_converter_is_imported_on_first_use_and_converts():
+    """The deferred converter (fedmem._crypten): a Gemm model converts through the stand-in.
+
+    That ``import crypten`` no longer imports ``onnx`` is checked in the fresh party processes of
+    the gloo test below (this worker may have imported onnx already)."""
+    import io
+    import sys
+
+    import numpy as np
+    import torch
+
+    from fedmem._crypten import crypten
+
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.array([[1, 2], [3, 4], [5, 6]], dtype=np.float32), "W")
+    b = numpy_helper.from_array(np.array([0.5, -1.0], dtype=np.float32), "B")
+    graph = helper.make_graph([helper.make_node("Gemm", ["x", "W", "B"], ["y"], alpha=1.0, beta=1.0)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], [w, b])
+    net = crypten.nn.from_onnx(io.BytesIO(helper.make_model(graph).SerializeToString()))
+    assert isinstance(net, crypten.nn.Graph)
+    assert torch.allclose(net(torch.ones(1, 3)), torch.tensor([[9.5, 11.0]]))
+    real = sys.modules["crypten.nn.onnx_converter"]
+    assert not getattr(real, "_fedmem_deferred", False) and real.onnx is onnx   # the real converter now
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -54,10 +82,13 @@ def _party(rank: int, port: int, results) -> None:
         share = x.share.clone()
         dot = (x * y).sum().get_plain_text().item()
         gt = (x > y).get_plain_text().tolist()
-        results.put((rank, dot, gt, comm.get().get_world_size(), share.tolist()))
+        import sys
+
+        deferred = "onnx" not in sys.modules and "ml_dtypes" not in sys.modules   # fedmem._crypten's deferral
+        results.put((rank, dot, gt, comm.get().get_world_size(), share.tolist(), deferred))
         crypten.uninit()
     except BaseException as exc:  # report instead of hanging the parent
-        results.put((rank, "error", repr(exc), None, None))
+        results.put((rank, "error", repr(exc), None, None, None))
 
 
 @pytest.mark.slow   # two spawned interpreters importing torch and CrypTen
@@ -71,9 +102,10 @@ def test_two_party_dot_product_and_comparison_over_gloo():
     got = {}
     try:
         for _ in range(2):
-            rank, dot, gt, ws, share = results.get(timeout=TIMEOUT_S)
+            rank, dot, gt, ws, share, deferred = results.get(timeout=TIMEOUT_S)
             assert dot != "error", gt
             got[rank] = (dot, gt, ws, share)
+            assert deferred, "a CrypTen party imported onnx (the converter deferral in fedmem._crypten is gone)"
     except queue.Empty:
         pytest.fail(f"CrypTen parties did not answer within {TIMEOUT_S} s")
     finally:
