@@ -52,12 +52,18 @@ def _scenario() -> dict:
 
     out: dict = {"timings": {}}
     t0 = time.perf_counter()
+    from fedmem._ray import QUIET_AGENT_ENV, lean_private_head
+
     fast_health = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500,
                    "health_check_failure_threshold": 4}
-    small = {"num_cpus": 1, "object_store_memory": 96 * 1024 * 1024}
-    cluster = Cluster(initialize_head=True, head_node_args={**small, "include_dashboard": False,
-                                                            "_system_config": fast_health})
-    workers = [cluster.add_node(**small) for _ in range(2)]
+    # each node as lean as fedmem's private instance (no log monitor, a quiet dashboard agent; the head
+    # without the autoscaler monitor and the dashboard head: lean_private_head); nothing here reads them
+    small = {"num_cpus": 1, "object_store_memory": 96 * 1024 * 1024, "include_log_monitor": False,
+             "env_vars": dict(QUIET_AGENT_ENV)}
+    with lean_private_head():
+        cluster = Cluster(initialize_head=True, head_node_args={**small, "include_dashboard": False,
+                                                                "_system_config": fast_health})
+        workers = [cluster.add_node(**small) for _ in range(2)]
     try:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
