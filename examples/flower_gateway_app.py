@@ -9,7 +9,7 @@ The Flower part is stock: a NumPyClient, ``secaggplus_mod``, ``FedAvg``,
 marked ``# --- fedmem`` in ``server_main``: wrap the strategy, give it an accountant, and
 declare the client contract (every client replies with the same ``num_examples``).
 
-Run:  python examples/flower_gateway_app.py [--clients 4] [--rounds 3] [--ledger ledger.sqlite]
+Run:  python examples/flower_gateway_app.py [--clients 4] [--rounds 3] [--ledger ledger.sqlite] [--client-cpus 0.5]
 It prints one line per round (admitted / refused / fault) and the booked epsilon.
 """
 
@@ -83,11 +83,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ledger", default=None, help="SQLite file of the accountant (default: in memory)")
+    ap.add_argument("--client-cpus", type=float, default=0.5,
+                    help="CPUs per simulated client (Flower's client_resources): Flower's Ray backend starts "
+                         "2 / this many ClientApp actors on its 2 CPUs (default 0.5: 4 actors)")
     args = ap.parse_args(argv)
     server_app, out = make_server_app(args.clients, args.rounds, args.ledger)
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=args.clients,
                    backend_config={"init_args": {"num_cpus": 2, "include_dashboard": False, "address": "local"},
-                                   "client_resources": {"num_cpus": 0.5, "num_gpus": 0.0}})
+                                   "client_resources": {"num_cpus": args.client_cpus, "num_gpus": 0.0}})
     for rnd, decision, reasons in out["audit"]:
         print(f"round {rnd}: {decision} {' '.join(reasons)}".rstrip())
     print(f"epsilon booked: {out['epsilon']:.4f}")

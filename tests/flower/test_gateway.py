@@ -235,7 +235,11 @@ def flower_run(tmp_path_factory):
                 sensitivity=math.sqrt(5.0), ledger=str(tmp_path_factory.mktemp("fl") / "ledger.sqlite"),
                 ledger_name="flower/test", epsilon_budget=math.inf, total_epsilon_budget=math.inf, delta=1e-6,
                 noise_seed=1, num_shares=5, reconstruction_threshold=3, num_cpus=2, drops={2: [3]},
-                stalls={4: [6]}, stall_s=9.0, round_timeouts={6: 5.0})
+                # client 4 replies 5 s after it got round 6's message, so always after the round's 4 s deadline
+                # (the others reply in ~0.7 s, ~1.5 s on a loaded machine); the simulation's end waits for that
+                # late reply. One CPU per client: Flower starts 2 ClientApp actors instead of 4 (each imports
+                # Flower's simulation, ~4 CPU-s); 6 clients' tiny fits need no more.
+                stalls={4: [6]}, stall_s=5.0, round_timeouts={6: 4.0}, client_cpus=1.0)
     out = simulate(spec, timeout_s=900)
     return world, rounds, out
 
@@ -283,7 +287,8 @@ def test_dropped_client_fails_closed_and_admitted_rounds_are_booked(flower_run):
 
 def test_example_app_runs(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "examples" / "flower_gateway_app.py"), "--clients", "3",
-                           "--rounds", "2", "--ledger", str(tmp_path / "l.sqlite")], capture_output=True, text=True,
+                           "--rounds", "2", "--ledger", str(tmp_path / "l.sqlite"),
+                           "--client-cpus", "1"], capture_output=True, text=True,
                           timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
