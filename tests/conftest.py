@@ -38,25 +38,22 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-# Seconds each of the heaviest test files took in a full run (`make test`, 2 idle cores, session 9,
-# before the host pool), used only to ORDER the files: `make test` runs pytest-xdist with
+# Seconds each of the heaviest test files took in a full run (`make test`'s pytest command, 2 idle cores,
+# session 11, 2026-12-02), used only to ORDER the files: `make test` runs pytest-xdist with
 # --dist loadfile --no-loadscope-reorder, so files are handed to the two workers in collection
 # order, and handing out the longest first (largest-processing-time-first) keeps one worker from
 # idling while the other runs a 40 s file at the end (xdist's own reorder sorts by the number of
 # tests per file, which put the single-test cluster files last). Stale numbers change the order,
 # never what runs; files not listed keep their place after these.
 FILE_SECONDS = {
-    "tests/experiments/test_support_leak.py": 146, "tests/flower/test_gateway.py": 79,
-    "tests/agent/test_actors.py": 77, "tests/agent/dpmind/test_perturb.py": 56,
-    "tests/federation/test_engine.py": 54, "tests/agent/test_brace.py": 47,
-    "tests/federation/mpc/test_runtime.py": 45, "tests/test_ray_coexist.py": 42,
-    "tests/system/test_ray_jobs.py": 42, "tests/agent/test_isolated.py": 40,
-    "tests/federation/test_engine_multinode.py": 36, "tests/system/test_flower_app.py": 26,
-    "tests/bench/test_shards.py": 21, "tests/experiments/test_memview.py": 21, "tests/cli/test_cli.py": 20,
-    "tests/federation/test_engine_mpc.py": 19, "tests/attacks/test_memview_auditor.py": 18,
-    "tests/flower/test_gateway_postprocessing.py": 17, "tests/federation/test_aggregator.py": 16,
-    "tests/experiments/test_audit.py": 16, "tests/experiments/test_flower.py": 15,
-    "tests/dp/test_accountant.py": 15, "tests/dp/test_store.py": 14,
+    "tests/experiments/test_support_leak.py": 64, "tests/flower/test_gateway.py": 57,
+    "tests/agent/test_actors.py": 57, "tests/agent/dpmind/test_perturb.py": 52,
+    "tests/system/test_ray_jobs.py": 43, "tests/federation/test_engine_multinode.py": 42,
+    "tests/test_ray_coexist.py": 38, "tests/federation/mpc/test_runtime.py": 38, "tests/agent/test_brace.py": 38,
+    "tests/system/test_flower_app.py": 34, "tests/agent/test_isolated.py": 29, "tests/cli/test_cli.py": 18,
+    "tests/federation/test_aggregator.py": 17, "tests/federation/test_engine.py": 16,
+    "tests/dp/test_accountant.py": 16, "tests/experiments/test_memview.py": 15,
+    "tests/agent/dpmind/test_loop.py": 14, "tests/attacks/test_memview_auditor.py": 13,
 }
 
 
