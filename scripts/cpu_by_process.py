@@ -5,7 +5,9 @@ machine, and charges what each used since the last sample to a *kind*: a Ray act
 by its title (``ray::_HostActor``, ``ray::IDLE``, ``ray::DashboardAgent``), Ray's own binaries
 (``raylet``, ``gcs_server``), a Python script by its name (``log_monitor.py``, ``monitor.py``,
 ``dashboard.py``), a Ray worker that has not taken its title yet as ``ray-worker-starting``,
-anything else by its command's basename. Processes that exist before the command starts are
+anything else by its command's basename. A pooled idle Ray worker (``ray::IDLE``) that then
+becomes an actor or runs a task is charged to that title from then on (until session 11 it
+stayed ``ray::IDLE``, so the IDLE line held most actors' CPU). Processes that exist before the command starts are
 counted from then on (their earlier CPU is not charged); a process that ends between two
 samples loses at most one interval. Linux only (/proc). This is how the suite's CPU was split
 in issue 22 (session 10): e.g. that Ray's auxiliary processes used ~140 of ~830 CPU seconds of
@@ -31,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 
 HZ = os.sysconf("SC_CLK_TCK")
+RELABEL = ("ray-worker-starting", "ray::IDLE")   # Ray workers not yet doing anything of their own
 
 
 def read_proc(pid: str):
@@ -98,8 +101,10 @@ def main(argv=None) -> int:
             key = (pid, start)
             seen.add(key)
             # A process keeps the kind of its first sight (an exiting one has no command line left),
-            # except a Ray worker, re-labelled once it takes its title.
-            if key not in label or (label[key][0] == "ray-worker-starting" and cmd):
+            # except a Ray worker, re-labelled once it takes its title, and a pooled idle worker
+            # (``ray::IDLE``, e.g. one Ray prestarted) re-labelled once it becomes an actor or runs a task:
+            # its CPU from then on is that actor's (its start-up before that stays charged to IDLE).
+            if key not in label or (label[key][0] in RELABEL and cmd and kind_of(comm, cmd) != label[key][0]):
                 label[key] = (kind_of(comm, cmd), cmd[:300])
             kind = label[key][0]
             prev = last.get(key)
