@@ -23,8 +23,8 @@ importing CrypTen, ``crypten.nn.onnx_converter`` is registered as a small stand-
 whose ``from_onnx`` / ``from_pytorch`` / ``from_tensorflow`` import the real converter on
 their first call (dropping the stand-in from ``sys.modules``; the real module, ``onnx``
 with it, is then imported exactly as CrypTen would have) and delegate to it;
-``TF_AND_TF2ONNX`` is computed the converter's way without importing (both ``tensorflow``
-and ``tf2onnx`` importable). So nothing changes for a user of the converter but the time
+``TF_AND_TF2ONNX`` is True when both ``tensorflow`` and ``tf2onnx`` can be found
+(``importlib.util.find_spec``; the converter itself imports them, which finding does not). So nothing changes for a user of the converter but the time
 of the ``onnx`` import. Tested in tests/test_crypten.py (no ``onnx`` after import; a model
 converted through the stand-in).
 
