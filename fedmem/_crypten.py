@@ -26,7 +26,7 @@ with it, is then imported exactly as CrypTen would have) and delegate to it;
 ``TF_AND_TF2ONNX`` is True when both ``tensorflow`` and ``tf2onnx`` can be found
 (``importlib.util.find_spec``; the converter itself imports them, which finding does not). So nothing changes for a user of the converter but the time
 of the ``onnx`` import. Tested in tests/test_crypten.py (no ``onnx`` after import; a model
-converted through the stand-in).
+converted through the stand-in); measured side by side by ``scripts/bench_crypten_import.py``.
 
 CrypTen is installed with ``pip install --no-deps crypten==0.4.1`` by
 ``scripts/install.sh`` because its metadata requires the dead ``sklearn`` package and
