@@ -11,10 +11,15 @@ plaintext on its own records only:
    in ``broadcast`` mode the padding rows are instead zero-value *dummies flagged
    valid*, so every shard contributes exactly k' valid candidates and the selected
    count and per-shard tallies are constants (papers/003, Conditions of Validity);
-3. clips every value to L2 norm <= C (again, even if the data generator already did);
-4. fixed-point encodes and splits everything into additive shares, one
-   :class:`~fedmem.federation.sharing.SharePacket` per compute party
-   (:func:`~fedmem.federation.sharing.share_candidates`).
+3. clips every value to L2 norm <= C (again, even if the data generator already did; once
+   per record, when the host loads its shards, and fixed-point encodes it then:
+   :func:`encode_values`, so a query only gathers ring elements, :func:`encoded_candidates`);
+4. fixed-point encodes and splits everything into additive shares, one packet per compute
+   party (:func:`~fedmem.federation.sharing.share_candidates_seeded`): every party but the last
+   gets a fresh 32-byte seed whose AES-256-CTR keystream is its share
+   (:class:`~fedmem.federation.sharing.SeedPacket`), the last party the difference (a
+   :class:`~fedmem.federation.sharing.SharePacket`), so only one full copy of the data is
+   sealed and sent per host.
 
 :func:`local_candidates` is the pure function that does steps 1-3 for a stack of shards;
 :class:`ShardHostCore` adds step 4 and is what the Ray actor (:func:`host_actor_class`)
@@ -30,7 +35,7 @@ import os
 import numpy as np
 
 from fedmem import _validate as V
-from fedmem.federation.sharing import seal_packet, share_candidates
+from fedmem.federation.sharing import decode, encode, seal_packet, share_encoded_seeded
 
 PAD_SCORE = -4.0
 """Score of padding rows and broadcast dummies: below every cosine similarity (>= -1)."""
@@ -54,14 +59,21 @@ def stack_shards(keys: list, values: list) -> tuple[np.ndarray, np.ndarray, np.n
     return K, Vv, M
 
 
-def local_candidates(q: np.ndarray, K: np.ndarray, Vv: np.ndarray, M: np.ndarray, k_local: int, clip: float,
-                     mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each shard's padded local top-k' for a batch of unit queries ``q`` (B, key_dim).
+def clip_factors(Vv: np.ndarray, clip: float) -> np.ndarray:
+    """Per-record factors ``min(1, clip / ||v||)`` (shape ``Vv.shape[:-1]``, float64): a value row
+    times its factor has L2 norm <= ``clip`` (zero rows keep factor 1)."""
+    norms = np.linalg.norm(Vv.astype(np.float64, copy=False), axis=-1)
+    return np.minimum(1.0, clip / np.where(norms > 0, norms, 1.0))
 
-    Returns ``scores`` (B, S_h, k'), ``values`` (B, S_h, k', value_dim) clipped to
-    ``clip``, ``valid`` (B, S_h, k') int64 0/1. Order within a shard: higher score
-    first, ties to the lower record index (a stable sort), then padding.
-    """
+
+def encode_values(Vv: np.ndarray, clip: float) -> np.ndarray:
+    """Every record's clipped value, fixed-point encoded once (int64 ring elements, shape of ``Vv``):
+    what :func:`encoded_candidates` gathers. Raises ``ValueError`` for a non-finite value."""
+    return encode(Vv.astype(np.float64) * clip_factors(Vv, clip)[..., None])
+
+
+def _local_top(q: np.ndarray, K: np.ndarray, M: np.ndarray, k_local: int, mode: str):
+    """Scores (B, S_h, k'), valid (B, S_h, k'), and the kept records' indices and flags (B, S_h, kk)."""
     B = q.shape[0]
     S_h, n_max, _ = K.shape
     sc = np.einsum("shd,bd->bsh", K, q.astype(K.dtype, copy=False)).astype(np.float64)
@@ -74,17 +86,43 @@ def local_candidates(q: np.ndarray, K: np.ndarray, Vv: np.ndarray, M: np.ndarray
     ok = np.isfinite(top)
     scores = np.full((B, S_h, k_local), PAD_SCORE)
     valid = np.zeros((B, S_h, k_local), dtype=np.int64)
-    values = np.zeros((B, S_h, k_local, Vv.shape[2]), dtype=np.float64)
     scores[..., :kk] = np.where(ok, top, PAD_SCORE)
     valid[..., :kk] = ok
-    s_idx = np.arange(S_h)[None, :, None]
-    vals = Vv[s_idx, order].astype(np.float64)  # (B, S_h, kk, vd)
-    norms = np.linalg.norm(vals, axis=-1, keepdims=True)
-    vals = vals * np.minimum(1.0, clip / np.where(norms > 0, norms, 1.0))
-    values[..., :kk, :] = np.where(ok[..., None], vals, 0.0)
     if mode == "broadcast":
         valid[:] = 1  # padding rows become zero-value dummies flagged valid
+    return scores, valid, order, ok
+
+
+def local_candidates(q: np.ndarray, K: np.ndarray, Vv: np.ndarray, M: np.ndarray, k_local: int, clip: float,
+                     mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each shard's padded local top-k' for a batch of unit queries ``q`` (B, key_dim).
+
+    Returns ``scores`` (B, S_h, k'), ``values`` (B, S_h, k', value_dim) clipped to
+    ``clip``, ``valid`` (B, S_h, k') int64 0/1. Order within a shard: higher score
+    first, ties to the lower record index (a stable sort), then padding.
+    """
+    scores, valid, order, ok = _local_top(q, K, M, k_local, mode)
+    B, S_h, kk = order.shape
+    s_idx = np.arange(S_h)[None, :, None]
+    vals = Vv[s_idx, order].astype(np.float64) * clip_factors(Vv, clip)[s_idx, order][..., None]  # (B, S_h, kk, vd)
+    values = np.zeros((B, S_h, k_local, Vv.shape[2]), dtype=np.float64)
+    values[..., :kk, :] = np.where(ok[..., None], vals, 0.0)
     return scores, values, valid
+
+
+def encoded_candidates(q: np.ndarray, K: np.ndarray, Venc: np.ndarray, M: np.ndarray, k_local: int,
+                       mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`local_candidates` as ring elements, from values encoded once (:func:`encode_values`):
+    ``encode(scores)``, the selected rows of ``Venc`` (padding rows 0) and ``valid``, all int64.
+    Equal to encoding :func:`local_candidates`' output (the clipping factor of a record is the same
+    float whichever path multiplies it; tested)."""
+    scores, valid, order, ok = _local_top(q, K, M, k_local, mode)
+    B, S_h, kk = order.shape
+    values = np.zeros((B, S_h, k_local, Venc.shape[2]), dtype=np.int64)
+    values[..., :kk, :] = Venc[np.arange(S_h)[None, :, None], order]
+    if not ok.all():
+        values[..., :kk, :][~ok] = 0
+    return encode(scores), values, valid
 
 
 class ShardHostCore:
@@ -106,23 +144,34 @@ class ShardHostCore:
         self.clip = V.positive("clip", clip)
         self.k_local = V.positive_int("k_local", k_local)
         self.n_parties = V.positive_int("n_parties", n_parties, minimum=2)
-        self.K, self.V, self.M = stack_shards(keys, values)
+        self.K, values, self.M = stack_shards(keys, values)
+        # every record's clipped value, encoded once (queries gather ring elements; no float copy kept)
+        self.Venc = encode_values(values, self.clip)
         self._rng = np.random.default_rng(np.random.SeedSequence(int(seed)))
 
-    def candidates(self, q, mode: str):
-        """Share packets (one per party) for a batch of queries ``q`` (B, key_dim)."""
+    def candidates(self, q, mode: str, *, compress: bool = False):
+        """Share packets (one per party) for a batch of queries ``q`` (B, key_dim).
+
+        Shares are seed-compressed (:func:`~fedmem.federation.sharing.share_candidates_seeded`):
+        parties ``0..n-2`` get the AES-256-CTR keystream of a fresh 32-byte seed drawn from this
+        host's generator, the last party the difference. ``compress=True`` leaves their packets
+        as :class:`~fedmem.federation.sharing.SeedPacket` (what is sealed and sent); otherwise
+        they are expanded here."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}. Found {mode!r}.")
         q = np.asarray(q, dtype=np.float64)
         if q.ndim != 2 or q.shape[1] != self.K.shape[2]:
             raise ValueError(f"q must have shape (B, {self.K.shape[2]}). Found {q.shape}.")
-        s, v, ok = local_candidates(q, self.K, self.V, self.M, self.k_local, self.clip, mode)
-        return share_candidates(s, v, ok, self.shard_ids, self.n_parties, self._rng)
+        s, v, ok = encoded_candidates(q, self.K, self.Venc, self.M, self.k_local, mode)
+        return share_encoded_seeded(s, v, ok, self.shard_ids, self.n_parties, self._rng, compress=compress)
 
     def plain_candidates(self, q, mode: str):
         """Unshared candidates (evaluation only; the engine's ``ground_truth``)."""
         q = np.asarray(q, dtype=np.float64)
-        return local_candidates(q, self.K, self.V, self.M, self.k_local, self.clip, mode)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}. Found {mode!r}.")
+        s, v, ok = encoded_candidates(q, self.K, self.Venc, self.M, self.k_local, mode)
+        return decode(s), decode(v), ok   # the encoded values exactly (|x| < 2^53: decoding is exact)
 
     def info(self) -> dict:
         import sys
@@ -164,6 +213,10 @@ class _HostActor(ShardHostCore):
         and every process that can read them see only ciphertext bound to this run, this
         party and these shards.
 
+        Sealed, the first ``n-1`` parties' packets are seed packets (the 32-byte seed of their
+        AES-256-CTR shares; the party expands it when it opens the packet), the last party's the
+        shares themselves.
+
         Returns ``{"refs": [ObjectRef per party], "shard_ids": ...}``: the driver only
         relays the refs (public metadata) and each party fetches its own packet from this
         host's node. This host owns the objects, so if it dies before a party fetched
@@ -171,7 +224,7 @@ class _HostActor(ShardHostCore):
         """
         import ray
 
-        packets = self.candidates(q, mode)
+        packets = self.candidates(q, mode, compress=party_keys is not None)
         if party_keys is not None:
             if run_id is None or len(party_keys) != len(packets):
                 raise ValueError(f"party_keys must hold one public key per party ({len(packets)}) and come with a "

@@ -169,17 +169,9 @@ class SharePacket:
         return self.values.shape[3]
 
 
-def share_candidates(scores, values, valid, shard_ids, n_parties: int, rng: np.random.Generator) -> list[SharePacket]:
-    """Encode and secret-share one host's padded candidates; returns one packet per party.
-
-    ``scores`` (B, S_h, m) floats with |score| <= ``SCORE_BOUND``; ``values``
-    (B, S_h, m, d) floats; ``valid`` (B, S_h, m) booleans or 0/1; ``shard_ids`` (S_h,)
-    distinct global shard ids. Padding rows should carry ``valid=0`` and zero values
-    (their score is ignored by every selection mode). A single query may be passed
-    without the batch axis (scores (S_h, m), values (S_h, m, d), valid (S_h, m)).
-    """
-    n = V.positive_int("n_parties", n_parties, minimum=2)
-    V.rng_check("rng", rng)
+def _encode_candidates(scores, values, valid, shard_ids):
+    """Validate one host's padded candidates and encode them: ``(scores, values, valid, ids)`` as int64
+    ring elements (scores and values fixed-point, valid raw 0/1); see :func:`share_candidates`."""
     s = np.asarray(scores, dtype=np.float64)
     if s.ndim == 2:
         s, values, valid = s[None], np.asarray(values)[None], np.asarray(valid)[None]
@@ -197,9 +189,125 @@ def share_candidates(scores, values, valid, shard_ids, n_parties: int, rng: np.r
     ids = np.asarray(shard_ids)
     if ids.ndim != 1 or ids.shape[0] != s.shape[1] or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"shard_ids must be {s.shape[1]} integer ids. Found {shard_ids!r}.")
-    parts = [share(encode(s), n, rng), share(encode(v), n, rng), share(ok.astype(np.int64), n, rng)]
-    return [SharePacket(scores=parts[0][p], values=parts[1][p], valid=parts[2][p], shard_ids=ids.astype(np.int64))
+    return encode(s), encode(v), ok.astype(np.int64), ids.astype(np.int64)
+
+
+def share_candidates(scores, values, valid, shard_ids, n_parties: int, rng: np.random.Generator) -> list[SharePacket]:
+    """Encode and secret-share one host's padded candidates; returns one packet per party.
+
+    ``scores`` (B, S_h, m) floats with |score| <= ``SCORE_BOUND``; ``values``
+    (B, S_h, m, d) floats; ``valid`` (B, S_h, m) booleans or 0/1; ``shard_ids`` (S_h,)
+    distinct global shard ids. Padding rows should carry ``valid=0`` and zero values
+    (their score is ignored by every selection mode). A single query may be passed
+    without the batch axis (scores (S_h, m), values (S_h, m, d), valid (S_h, m)).
+    Shares drawn from ``rng`` directly; the shard hosts use :func:`share_candidates_seeded`.
+    """
+    n = V.positive_int("n_parties", n_parties, minimum=2)
+    V.rng_check("rng", rng)
+    s, v, ok, ids = _encode_candidates(scores, values, valid, shard_ids)
+    parts = [share(s, n, rng), share(v, n, rng), share(ok, n, rng)]
+    return [SharePacket(scores=parts[0][p], values=parts[1][p], valid=parts[2][p], shard_ids=ids)
             for p in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Seed-compressed shares: parties 0..n-2 receive a 32-byte seed, their share is AES-256-CTR(seed)
+# ---------------------------------------------------------------------------------------------
+
+SEED_BYTES = 32
+"""Length of a share seed: an AES-256 key."""
+
+
+def prg_ring(seed: bytes, n: int) -> np.ndarray:
+    """``n`` ring elements (int64, little-endian words of the keystream) from AES-256-CTR keyed by ``seed``.
+
+    A cryptographic PRG: every seed is a fresh 32-byte key used for exactly one packet, so the
+    fixed all-zero counter block never repeats under one key. Numpy and ``cryptography`` only
+    (shard hosts import no torch)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    if not isinstance(seed, (bytes, bytearray)) or len(seed) != SEED_BYTES:
+        raise ValueError(f"seed must be {SEED_BYTES} bytes. Found {seed!r:.60}.")
+    n = V.positive_int("n", n, minimum=0)
+    buf = bytearray(8 * n + 15)   # update_into wants room for one more block than it writes
+    Cipher(algorithms.AES(bytes(seed)), modes.CTR(bytes(16))).encryptor().update_into(bytes(8 * n), buf)
+    return np.frombuffer(buf, dtype="<i8", count=n).astype(np.int64, copy=False)
+
+
+@dataclass(frozen=True)
+class SeedPacket:
+    """A compute party's whole :class:`SharePacket`, compressed to the seed it is generated from.
+
+    The party's shares of scores, values and valid flags (in that order, flattened, as in a
+    sealed packet's body) are the first ``2 B S_h m + B S_h m d`` elements of
+    :func:`prg_ring` ``(seed)``; ``shape`` (B, S_h, m, d) and ``shard_ids`` are public, as in
+    every packet. :meth:`expand` rebuilds the packet. The seed is as secret as the shares
+    it stands for: it travels only sealed (:func:`seal_packet`)."""
+
+    seed: bytes
+    shape: tuple
+    shard_ids: np.ndarray
+
+    def __post_init__(self):
+        if not isinstance(self.seed, (bytes, bytearray)) or len(self.seed) != SEED_BYTES:
+            raise ValueError(f"seed must be {SEED_BYTES} bytes. Found {len(self.seed) if isinstance(self.seed, (bytes, bytearray)) else type(self.seed).__name__}.")
+        shape = tuple(int(x) for x in self.shape)
+        if len(shape) != 4 or min(shape) < 0:
+            raise ValueError(f"shape must be (B, S_h, m, d) with non-negative entries. Found {self.shape!r}.")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "seed", bytes(self.seed))
+
+    def __repr__(self):   # never print the seed
+        return f"SeedPacket(shape={self.shape}, shard_ids={np.asarray(self.shard_ids).tolist()})"
+
+    def expand(self) -> SharePacket:
+        B, S_h, m, d = self.shape
+        n1, n2 = B * S_h * m, B * S_h * m * d
+        flat = prg_ring(self.seed, 2 * n1 + n2)
+        return SharePacket(scores=flat[:n1].reshape(B, S_h, m), values=flat[n1:n1 + n2].reshape(B, S_h, m, d),
+                           valid=flat[n1 + n2:].reshape(B, S_h, m), shard_ids=np.asarray(self.shard_ids, np.int64))
+
+
+def share_encoded_seeded(scores, values, valid, shard_ids, n_parties: int, rng: np.random.Generator, *,
+                         compress: bool = True) -> list:
+    """Additive shares of already-encoded ring elements (int64 ``scores`` (B, S_h, m), ``values``
+    (B, S_h, m, d), ``valid`` (B, S_h, m)): parties ``0..n-2`` get a :class:`SeedPacket` (a fresh
+    32-byte seed drawn from ``rng``; their share is its AES-256-CTR keystream), the last party
+    the :class:`SharePacket` ``x - sum of the others`` (mod 2^64). ``compress=False`` returns the
+    first ``n-1`` as the expanded :class:`SharePacket` instead (the same shares).
+
+    The same joint distribution as :func:`share` up to the PRG (any ``n-1`` shares are
+    pseudorandom and independent of ``x``: each seed is a uniform key the other parties never
+    see), with ``n-1`` packets of 32 bytes instead of a full copy of the data."""
+    n = V.positive_int("n_parties", n_parties, minimum=2)
+    V.rng_check("rng", rng)
+    s, v, ok = (np.asarray(a) for a in (scores, values, valid))
+    if any(a.dtype != np.int64 for a in (s, v, ok)) or s.ndim != 3 or v.shape[:3] != s.shape or ok.shape != s.shape:
+        raise ValueError(f"scores, values and valid must be int64 ring elements of shapes (B, S_h, m), "
+                         f"(B, S_h, m, d), (B, S_h, m). Found {s.dtype} {s.shape}, {v.dtype} {v.shape}, "
+                         f"{ok.dtype} {ok.shape}.")
+    ids = np.asarray(shard_ids, dtype=np.int64)
+    shape = (*s.shape, v.shape[3])
+    n1, n2 = s.size, v.size
+    out, last = [], [s.copy(), v.copy(), ok.copy()]
+    with np.errstate(over="ignore"):
+        for _ in range(n - 1):
+            sp = SeedPacket(rng.bytes(SEED_BYTES), shape, ids)
+            flat = prg_ring(sp.seed, 2 * n1 + n2)
+            mine = (flat[:n1].reshape(s.shape), flat[n1:n1 + n2].reshape(v.shape), flat[n1 + n2:].reshape(ok.shape))
+            for acc, x in zip(last, mine):
+                acc -= x
+            out.append(sp if compress else SharePacket(*mine, shard_ids=ids))
+    return [*out, SharePacket(scores=last[0], values=last[1], valid=last[2], shard_ids=ids)]
+
+
+def share_candidates_seeded(scores, values, valid, shard_ids, n_parties: int, rng: np.random.Generator, *,
+                            compress: bool = True) -> list:
+    """:func:`share_candidates` with seed-compressed shares (:func:`share_encoded_seeded`): what a
+    shard host sends. Returns ``n-1`` :class:`SeedPacket` (expanded with ``compress=False``) and
+    one :class:`SharePacket`."""
+    s, v, ok, ids = _encode_candidates(scores, values, valid, shard_ids)
+    return share_encoded_seeded(s, v, ok, ids, n_parties, rng, compress=compress)
 
 
 @dataclass(frozen=True)
@@ -285,13 +393,17 @@ def new_run_id() -> bytes:
     return secrets.token_bytes(RUN_ID_BYTES)
 
 
-def _aad(run_id: bytes, party: int, shape: tuple, shard_ids: np.ndarray, aead: str) -> bytes:
-    """Associated data: domain, AEAD name, run id, party rank, shape (B, S_h, m, d), shard ids.
+KINDS = ("shares", "seed")
+"""What a sealed body holds: the shares themselves, or the 32-byte seed of a :class:`SeedPacket`."""
+
+
+def _aad(run_id: bytes, party: int, shape: tuple, shard_ids: np.ndarray, aead: str, kind: str = "shares") -> bytes:
+    """Associated data: domain, AEAD name, body kind, run id, party rank, shape (B, S_h, m, d), shard ids.
 
     The tag covers all of it, so a packet of another run (replay), meant for another party
-    or claiming other shards or another shape (swap) does not open."""
+    or claiming other shards, another shape or another kind of body (swap) does not open."""
     head = np.asarray([party, *shape], dtype="<u8").tobytes()
-    return (SEAL_INFO + aead.encode() + b"/" + bytes(run_id) + head
+    return (SEAL_INFO + aead.encode() + b"/" + kind.encode() + b"/" + bytes(run_id) + head
             + np.ascontiguousarray(shard_ids, dtype="<i8").tobytes())
 
 
@@ -308,11 +420,15 @@ def _seal_keys(shared: bytes, epk: bytes, ppk: bytes) -> tuple[bytes, bytes]:
 class SealedPacket:
     """A :class:`SharePacket` encrypted to ONE compute party; only ciphertext travels.
 
-    ``run_id``, ``party``, ``shard_ids`` and ``shape`` (B, S_h, m, d) are public (the
-    same facts the plaintext packet's shape and ids already told) and bound as associated
-    data; ``epk`` is the host's ephemeral X25519 public key; ``ciphertext`` holds the
-    shares (scores, values, valid as little-endian int64) plus the 16-byte tag; ``aead``
-    names the cipher (:data:`AEADS`, bound in the associated data too).
+    ``run_id``, ``party``, ``shard_ids``, ``shape`` (B, S_h, m, d) and ``kind`` are public
+    (the same facts the plaintext packet's shape and ids already told; which parties get
+    seeds is fixed by the protocol) and bound as associated data; ``epk`` is the host's
+    ephemeral X25519 public key; ``ciphertext`` holds the body plus the 16-byte tag: for
+    ``kind="shares"`` the shares (scores, values, valid as little-endian int64), for
+    ``kind="seed"`` the 32-byte seed of a :class:`SeedPacket`. It is a read-only uint8
+    numpy array (bytes are accepted too), so that Ray keeps it out of band: one copy into the
+    object store, none out of it. ``aead`` names the cipher (:data:`AEADS`, bound in the
+    associated data too).
     """
 
     run_id: bytes
@@ -320,22 +436,24 @@ class SealedPacket:
     shard_ids: np.ndarray
     shape: tuple
     epk: bytes
-    ciphertext: bytes
+    ciphertext: np.ndarray
     aead: str = SEAL_AEAD
+    kind: str = "shares"
 
 
-def seal_packet(packet: SharePacket, party_public: bytes, run_id: bytes, party: int, *,
+def seal_packet(packet: SharePacket | SeedPacket, party_public: bytes, run_id: bytes, party: int, *,
                 aead: str = SEAL_AEAD) -> SealedPacket:
     """Encrypt ``packet`` to the party whose raw X25519 public key is ``party_public``.
 
     Ephemeral-static X25519 (a fresh key pair per packet), HKDF-SHA256 over the shared
     secret (salt: both public keys) gives a one-time key and nonce; the AEAD ``aead``
-    (AES-256-GCM or ChaCha20-Poly1305) encrypts the shares with the associated data of
-    :func:`_aad` (run id, party, shape, shard ids)."""
+    (AES-256-GCM or ChaCha20-Poly1305) encrypts the shares (a :class:`SharePacket`) or the
+    seed (a :class:`SeedPacket`) with the associated data of :func:`_aad` (run id, party,
+    shape, shard ids, kind)."""
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-    if not isinstance(packet, SharePacket):
-        raise TypeError(f"packet must be a SharePacket. Found {type(packet).__name__}.")
+    if not isinstance(packet, (SharePacket, SeedPacket)):
+        raise TypeError(f"packet must be a SharePacket or a SeedPacket. Found {type(packet).__name__}.")
     if not isinstance(party_public, (bytes, bytearray)) or len(party_public) != 32:
         raise ValueError(f"party_public must be a 32-byte raw X25519 public key. Found {party_public!r:.60}.")
     if not isinstance(run_id, (bytes, bytearray)) or len(run_id) != RUN_ID_BYTES:
@@ -344,14 +462,17 @@ def seal_packet(packet: SharePacket, party_public: bytes, run_id: bytes, party: 
     epk = esk.public_key().public_bytes_raw()
     key, nonce = _seal_keys(esk.exchange(X25519PublicKey.from_public_bytes(bytes(party_public))), epk,
                             bytes(party_public))
-    B, S_h, m = packet.scores.shape
-    shape = (B, S_h, m, packet.d)
     ids = np.asarray(packet.shard_ids, dtype=np.int64)
-    body = np.concatenate([np.asarray(a, dtype="<i8").reshape(-1) for a in (packet.scores, packet.values,
-                                                                             packet.valid)])
-    ct = _aead(aead, key).encrypt(nonce, memoryview(body).cast("B"), _aad(run_id, party, shape, ids, aead))
-    return SealedPacket(run_id=bytes(run_id), party=int(party), shard_ids=ids, shape=shape, epk=epk, ciphertext=ct,
-                        aead=aead)
+    if isinstance(packet, SeedPacket):
+        kind, shape, body = "seed", packet.shape, packet.seed
+    else:
+        B, S_h, m = packet.scores.shape
+        kind, shape = "shares", (B, S_h, m, packet.d)
+        body = memoryview(np.concatenate([np.asarray(a, dtype="<i8").reshape(-1)
+                                          for a in (packet.scores, packet.values, packet.valid)])).cast("B")
+    ct = _aead(aead, key).encrypt(nonce, body, _aad(run_id, party, shape, ids, aead, kind))
+    return SealedPacket(run_id=bytes(run_id), party=int(party), shard_ids=ids, shape=shape, epk=epk,
+                        ciphertext=np.frombuffer(ct, dtype=np.uint8), aead=aead, kind=kind)
 
 
 class PartyKey:
@@ -371,7 +492,8 @@ class PartyKey:
         """Decrypt a packet sealed to this key for run ``run_id`` and rank ``party``.
 
         Fails closed: a packet of another run or party, a wrong key, or any modified byte
-        (ciphertext, ids, shape, ephemeral key) raises ``ValueError`` and yields nothing."""
+        (ciphertext, ids, shape, kind, ephemeral key) raises ``ValueError`` and yields nothing.
+        A seed packet (``kind="seed"``) is expanded here: the caller always gets the shares."""
         from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
@@ -383,15 +505,19 @@ class PartyKey:
         try:
             shape = tuple(int(x) for x in sealed.shape)
             ids = np.asarray(sealed.shard_ids, dtype=np.int64)
-            if len(shape) != 4 or min(shape) < 0 or len(sealed.epk) != 32:
+            if len(shape) != 4 or min(shape) < 0 or len(sealed.epk) != 32 or sealed.kind not in KINDS:
                 raise ValueError("malformed header")
             key, nonce = _seal_keys(self._sk.exchange(X25519PublicKey.from_public_bytes(bytes(sealed.epk))),
                                     bytes(sealed.epk), self.public)
             body = _aead(sealed.aead, key).decrypt(nonce, sealed.ciphertext, _aad(run_id, party, shape, ids,
-                                                                                   sealed.aead))
+                                                                                   sealed.aead, sealed.kind))
         except (InvalidTag, ValueError, TypeError) as exc:
             raise ValueError("sealed packet failed authentication (tampered, replayed or not for this party); "
                              "refused.") from exc
+        if sealed.kind == "seed":
+            if len(body) != SEED_BYTES:
+                raise ValueError("sealed packet failed authentication (size does not match its kind); refused.")
+            return SeedPacket(body, shape, ids).expand()
         B, S_h, m, d = shape
         n1, n2 = B * S_h * m, B * S_h * m * d
         flat = np.frombuffer(body, dtype="<i8").astype(np.int64, copy=False)

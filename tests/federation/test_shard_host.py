@@ -44,3 +44,26 @@ def test_shard_host_module_does_not_import_torch():
     code = ("import sys, fedmem.federation.shard_host, fedmem.bench.shards, fedmem.federation; "
             "assert 'torch' not in sys.modules and 'crypten' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_encoded_candidates_equal_encoding_the_float_path():
+    """The hosts' path (values clipped and encoded once per record, rows gathered as ring elements) gives
+    exactly encode(local_candidates(...)) in every mode, with ragged shards, padding and rows to clip."""
+    from fedmem.federation.sharing import encode
+    from fedmem.federation.shard_host import encode_values, encoded_candidates
+
+    rng = np.random.default_rng(5)
+    keys, values = [], []
+    for n in (7, 3, 1, 9):
+        k = rng.normal(size=(n, 6))
+        keys.append(k / np.linalg.norm(k, axis=1, keepdims=True))
+        values.append(rng.normal(size=(n, 4)) * rng.choice([0.1, 3.0], size=(n, 1)))   # some rows over the clip
+    K, Vv, M = stack_shards(keys, values)
+    q = rng.normal(size=(5, 6))
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    for mode in ("topk", "threshold", "broadcast"):
+        s, v, ok = local_candidates(q, K, Vv, M, k_local=4, clip=1.0, mode=mode)
+        es, ev, eok = encoded_candidates(q, K, encode_values(Vv, 1.0), M, k_local=4, mode=mode)
+        np.testing.assert_array_equal(es, encode(s))
+        np.testing.assert_array_equal(ev, encode(v))
+        np.testing.assert_array_equal(eok, ok)

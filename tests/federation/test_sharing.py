@@ -159,3 +159,64 @@ def test_sealed_packet_opens_only_for_its_party_run_and_shards():
     np.testing.assert_array_equal(key.open(cc, rid, 0).values, pk.values)
     with pytest.raises(ValueError, match="refused"):
         key.open(dataclasses.replace(cc, aead="aes-256-gcm"), rid, 0)
+
+
+# ----------------------------------------------------------------------------- seed-compressed shares
+
+def test_seeded_shares_reconstruct_and_compress_to_a_seed():
+    """share_candidates_seeded: n-1 SeedPackets (32 bytes each, expanded by AES-256-CTR) plus the difference;
+    the shares reconstruct to the encodings, compress=False returns the same shares expanded, and a sealed
+    seed packet opens to the expanded shares (its ciphertext is the seed and the tag: 48 bytes)."""
+    from fedmem.federation.sharing import (PartyKey, SeedPacket, new_run_id, seal_packet, share_candidates_seeded)
+
+    rng = np.random.default_rng(96)
+    sc, vals = rng.uniform(-1, 1, (3, 4, 2)), rng.normal(size=(3, 4, 2, 5)) * 0.2
+    ok = (rng.uniform(size=(3, 4, 2)) < 0.7).astype(np.int64)
+    ids = np.array([3, 1, 7, 2])
+    for n in (2, 3):
+        pk = share_candidates_seeded(sc, vals, ok, ids, n, np.random.default_rng(97))
+        assert [type(p) for p in pk] == [SeedPacket] * (n - 1) + [SharePacket]
+        full = [p.expand() for p in pk[:-1]] + [pk[-1]]
+        np.testing.assert_array_equal(reconstruct([p.scores for p in full]), encode(sc))
+        np.testing.assert_array_equal(reconstruct([p.values for p in full]), encode(vals))
+        np.testing.assert_array_equal(reconstruct([p.valid for p in full]), ok)
+        same = share_candidates_seeded(sc, vals, ok, ids, n, np.random.default_rng(97), compress=False)
+        for a, b in zip(full, same):
+            for f in ("scores", "values", "valid", "shard_ids"):
+                np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+        assert "seed=" not in repr(pk[0])    # the seed is as secret as the shares: never printed
+    key, rid = PartyKey(), new_run_id()
+    sealed = seal_packet(pk[0], key.public, rid, 0)
+    assert sealed.kind == "seed" and sealed.ciphertext.nbytes == 32 + 16
+    np.testing.assert_array_equal(key.open(sealed, rid, 0).values, full[0].values)
+    import dataclasses
+
+    with pytest.raises(ValueError, match="refused"):   # the kind is bound in the associated data
+        key.open(dataclasses.replace(sealed, kind="shares"), rid, 0)
+    with pytest.raises(ValueError, match="seed must be 32 bytes"):
+        SeedPacket(b"short", (1, 1, 1, 1), ids[:1])
+
+
+def test_seeded_shares_look_uniform_whatever_the_secret_and_reused_seeds_are_caught():
+    """Every single share (a seed's keystream, or the difference) is uniform on Z_2^64 for two very
+    different secrets (the byte chi-square of test_single_party_shares_look_uniform_whatever_the_secret);
+    companion: the same check catches a seed whose keystream is reused for a second secret, since the
+    difference of two last shares then reveals the difference of the secrets."""
+    from fedmem.federation.sharing import share_encoded_seeded
+
+    z = np.zeros((1, 1, 1), dtype=np.int64)
+    lasts = []
+    for secret in (0, encode(np.array([0.731]))[0]):
+        v = np.full((1, 1, 1, 20000), secret, dtype=np.int64)
+        pk = share_encoded_seeded(z, v, z, np.array([0]), 3, np.random.default_rng(98), compress=False)
+        for p in pk:
+            assert byte_uniformity_pvalue(p.values) > 1e-4, (secret, p)
+        lasts.append(pk[-1].values)
+    # the rng above was re-seeded identically for both secrets: the seeds repeat (the deliberate misuse)
+    with np.errstate(over="ignore"):
+        leak = lasts[0] - lasts[1]
+    assert byte_uniformity_pvalue(leak) < 1e-10       # caught: constant, = secret1 - secret0
+    fresh = share_encoded_seeded(z, np.full((1, 1, 1, 20000), 7, dtype=np.int64), z, np.array([0]), 2,
+                                 np.random.default_rng(99))[-1].values
+    with np.errstate(over="ignore"):
+        assert byte_uniformity_pvalue(lasts[0] - fresh) > 1e-4   # fresh seeds: the difference is uniform
