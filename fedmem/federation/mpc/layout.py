@@ -36,10 +36,14 @@ def assemble(packets: Sequence[SharePacket]):
     if len(packets) == 1 and np.array_equal(order, np.arange(S)):   # one host, ids in order: views, no copy
         p = packets[0]
         return (p.scores.reshape(B, S * m), p.values.reshape(B, S * m, d), p.valid.reshape(B, S * m), ids, m)
-    scores = np.concatenate([p.scores for p in packets], axis=1)[:, order].reshape(B, S * m)
-    valid = np.concatenate([p.valid for p in packets], axis=1)[:, order].reshape(B, S * m)
-    values = np.concatenate([p.values for p in packets], axis=1)[:, order].reshape(B, S * m, d)
-    return scores, values, valid, ids[order], m
+    if np.array_equal(order, np.arange(S)):   # hosts hold ascending id ranges (split_shards): one copy, no gather
+        def cat(name):
+            return np.concatenate([getattr(p, name) for p in packets], axis=1)
+    else:
+        def cat(name):
+            return np.concatenate([getattr(p, name) for p in packets], axis=1)[:, order]
+    return (cat("scores").reshape(B, S * m), cat("values").reshape(B, S * m, d), cat("valid").reshape(B, S * m),
+            ids[order], m)
 
 
 def _check_packets(packets, n_parties: int):
