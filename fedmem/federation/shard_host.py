@@ -76,7 +76,9 @@ def _local_top(q: np.ndarray, K: np.ndarray, M: np.ndarray, k_local: int, mode: 
     """Scores (B, S_h, k'), valid (B, S_h, k'), and the kept records' indices and flags (B, S_h, kk)."""
     B = q.shape[0]
     S_h, n_max, _ = K.shape
-    sc = np.einsum("shd,bd->bsh", K, q.astype(K.dtype, copy=False)).astype(np.float64)
+    # one BLAS product over all records (einsum did not use BLAS: 6 ms vs <1 ms at B = 100, 1,000 records)
+    sc = (K.reshape(S_h * n_max, -1) @ q.astype(K.dtype, copy=False).T).reshape(S_h, n_max, B)
+    sc = sc.transpose(2, 0, 1).astype(np.float64)
     sc = np.where(M[None], sc, -np.inf)
     kk = min(k_local, n_max)
     # Stable sort of -score: higher score first, exact ties to the lower record index;
