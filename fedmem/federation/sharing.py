@@ -229,11 +229,16 @@ def prg_ring(seed: bytes, n: int) -> np.ndarray:
     if not isinstance(seed, (bytes, bytearray)) or len(seed) != SEED_BYTES:
         raise ValueError(f"seed must be {SEED_BYTES} bytes. Found {seed!r:.60}.")
     n = V.positive_int("n", n, minimum=0)
-    buf = bytearray(8 * n + 15)   # zeros; update_into wants room for one more block than it writes
-    # the keystream = encryption of zeros, in place (CTR allows it: same output as from a separate
-    # zero buffer, tested; one 8n-byte allocation instead of two)
-    Cipher(algorithms.AES(bytes(seed)), modes.CTR(bytes(16))).encryptor().update_into(memoryview(buf)[:8 * n], buf)
-    return np.frombuffer(buf, dtype="<i8", count=n).astype(np.int64, copy=False)
+    global _ZEROS
+    if len(_ZEROS) < 8 * n:
+        _ZEROS = bytes(8 * n)   # read-only zeros, kept (untouched pages cost nothing)
+    out = np.empty(8 * n + 15, dtype=np.uint8)   # update_into wants room for one more block than it writes
+    # the keystream = encryption of zeros (into an uninitialised array: no zero-fill, no second buffer)
+    Cipher(algorithms.AES(bytes(seed)), modes.CTR(bytes(16))).encryptor().update_into(memoryview(_ZEROS)[:8 * n], out)
+    return out[:8 * n].view("<i8").astype(np.int64, copy=False)
+
+
+_ZEROS = b""
 
 
 @dataclass(frozen=True)
