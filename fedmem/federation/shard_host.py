@@ -67,9 +67,13 @@ def clip_factors(Vv: np.ndarray, clip: float) -> np.ndarray:
 
 
 def encode_values(Vv: np.ndarray, clip: float) -> np.ndarray:
-    """Every record's clipped value, fixed-point encoded once (int64 ring elements, shape of ``Vv``):
-    what :func:`encoded_candidates` gathers. Raises ``ValueError`` for a non-finite value."""
-    return encode(Vv.astype(np.float64) * clip_factors(Vv, clip)[..., None])
+    """Every record's clipped value, fixed-point encoded once (ring elements, shape of ``Vv``): what
+    :func:`encoded_candidates` gathers. Stored as int32 when every encoding fits (|v| <= clip, so
+    whenever clip * 2**16 < 2**31; the same integers, half the memory), else int64. Raises
+    ``ValueError`` for a non-finite value."""
+    enc = encode(Vv.astype(np.float64) * clip_factors(Vv, clip)[..., None])
+    small = enc.size == 0 or int(np.abs(enc).max()) < 2**31
+    return enc.astype(np.int32) if small else enc
 
 
 def _local_top(q: np.ndarray, K: np.ndarray, M: np.ndarray, k_local: int, mode: str):
@@ -115,7 +119,8 @@ def local_candidates(q: np.ndarray, K: np.ndarray, Vv: np.ndarray, M: np.ndarray
 def encoded_candidates(q: np.ndarray, K: np.ndarray, Venc: np.ndarray, M: np.ndarray, k_local: int,
                        mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`local_candidates` as ring elements, from values encoded once (:func:`encode_values`):
-    ``encode(scores)``, the selected rows of ``Venc`` (padding rows 0) and ``valid``, all int64.
+    ``encode(scores)``, the selected rows of ``Venc`` (padding rows 0; widened to int64) and ``valid``,
+    all int64.
     Equal to encoding :func:`local_candidates`' output (the clipping factor of a record is the same
     float whichever path multiplies it; tested)."""
     scores, valid, order, ok = _local_top(q, K, M, k_local, mode)

@@ -67,3 +67,16 @@ def test_encoded_candidates_equal_encoding_the_float_path():
         np.testing.assert_array_equal(es, encode(s))
         np.testing.assert_array_equal(ev, encode(v))
         np.testing.assert_array_equal(eok, ok)
+
+
+def test_encoded_values_are_stored_small_when_they_fit():
+    """encode_values keeps int32 when every encoding fits in it (the same integers), int64 otherwise."""
+    from fedmem.federation.sharing import encode
+    from fedmem.federation.shard_host import encode_values
+
+    v = np.array([[[0.5, -0.25], [3.0, 4.0]]])
+    small = encode_values(v, 1.0)
+    assert small.dtype == np.int32
+    np.testing.assert_array_equal(small, encode(np.array([[[0.5, -0.25], [0.6, 0.8]]])))
+    big = encode_values(v * 1e5, 1e5)
+    assert big.dtype == np.int64 and big.max() == encode(np.array(8e4))   # row [3e5, 4e5] clipped to norm 1e5
