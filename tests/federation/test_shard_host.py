@@ -63,7 +63,7 @@ def test_encoded_candidates_equal_encoding_the_float_path():
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     for mode in ("topk", "threshold", "broadcast"):
         s, v, ok = local_candidates(q, K, Vv, M, k_local=4, clip=1.0, mode=mode)
-        es, ev, eok = encoded_candidates(q, K, encode_values(Vv, 1.0), M, k_local=4, mode=mode)
+        es, ev, eok = encoded_candidates(q, K, encode_values(Vv, 1.0, rows=3), M, k_local=4, mode=mode)
         np.testing.assert_array_equal(es, encode(s))
         np.testing.assert_array_equal(ev, encode(v))
         np.testing.assert_array_equal(eok, ok)
