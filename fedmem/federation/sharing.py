@@ -230,15 +230,19 @@ def prg_ring(seed: bytes, n: int) -> np.ndarray:
         raise ValueError(f"seed must be {SEED_BYTES} bytes. Found {seed!r:.60}.")
     n = V.positive_int("n", n, minimum=0)
     global _ZEROS
-    if len(_ZEROS) < 8 * n:
-        _ZEROS = bytes(8 * n)   # read-only zeros, kept (untouched pages cost nothing)
+    zeros = _ZEROS
+    if len(zeros) < 8 * n:
+        zeros = bytes(8 * n)
+        if 8 * n <= _ZEROS_KEPT:   # read-only zeros kept for the next call (untouched pages cost little)
+            _ZEROS = zeros
     out = np.empty(8 * n + 15, dtype=np.uint8)   # update_into wants room for one more block than it writes
     # the keystream = encryption of zeros (into an uninitialised array: no zero-fill, no second buffer)
-    Cipher(algorithms.AES(bytes(seed)), modes.CTR(bytes(16))).encryptor().update_into(memoryview(_ZEROS)[:8 * n], out)
+    Cipher(algorithms.AES(bytes(seed)), modes.CTR(bytes(16))).encryptor().update_into(memoryview(zeros)[:8 * n], out)
     return out[:8 * n].view("<i8").astype(np.int64, copy=False)
 
 
 _ZEROS = b""
+_ZEROS_KEPT = 64 << 20   # bytes of zeros a process keeps between calls (a batch of 100 needs about 10 MB)
 
 
 @dataclass(frozen=True)
@@ -257,7 +261,8 @@ class SeedPacket:
 
     def __post_init__(self):
         if not isinstance(self.seed, (bytes, bytearray)) or len(self.seed) != SEED_BYTES:
-            raise ValueError(f"seed must be {SEED_BYTES} bytes. Found {len(self.seed) if isinstance(self.seed, (bytes, bytearray)) else type(self.seed).__name__}.")
+            got = len(self.seed) if isinstance(self.seed, (bytes, bytearray)) else type(self.seed).__name__
+            raise ValueError(f"seed must be {SEED_BYTES} bytes. Found {got}.")
         shape = tuple(int(x) for x in self.shape)
         if len(shape) != 4 or min(shape) < 0:
             raise ValueError(f"shape must be (B, S_h, m, d) with non-negative entries. Found {self.shape!r}.")
