@@ -201,10 +201,20 @@ class _Basic:
     delta: Fraction = Fraction(0)
 
     def __add__(self, other: "_Basic") -> "_Basic":
+        if other is _ZERO:   # most parts are dp-accounting events: no Fraction arithmetic for them
+            return self
+        if self is _ZERO:
+            return other
         return _Basic(self.epsilon + other.epsilon, self.delta + other.delta)
 
     def times(self, n: int) -> "_Basic":
+        if self is _ZERO:
+            return self
         return _Basic(self.epsilon * n, self.delta * n)
+
+
+_ZERO = _Basic()
+"""The empty sum (shared: adding it is the identity, checked by ``is``)."""
 
 
 def split_pure(event, em_as_zcdp: bool = False) -> tuple[list, _Basic, int]:
@@ -215,7 +225,7 @@ def split_pure(event, em_as_zcdp: bool = False) -> tuple[list, _Basic, int]:
     """
     if isinstance(event, PureDpEvent):
         if em_as_zcdp and _is_em(event):
-            return [dp_accounting.ZCDpEvent(rho=em_rho(event.epsilon))], _Basic(), 1
+            return [dp_accounting.ZCDpEvent(rho=em_rho(event.epsilon))], _ZERO, 1
         return [], _Basic(Fraction(event.epsilon)), int(_is_em(event))
     if isinstance(event, ApproxDpEvent):
         return [], _Basic(Fraction(event.epsilon), Fraction(event.delta)), 0
@@ -224,14 +234,14 @@ def split_pure(event, em_as_zcdp: bool = False) -> tuple[list, _Basic, int]:
         rest = [dp_accounting.SelfComposedDpEvent(e, event.count) for e in inner]
         return rest, basic.times(event.count), n_em * event.count
     if isinstance(event, dp_accounting.ComposedDpEvent):
-        rest, basic, n_em = [], _Basic(), 0
+        rest, basic, n_em = [], _ZERO, 0
         for e in event.events:
             r, b, n = split_pure(e, em_as_zcdp)
             rest += r
             basic = basic + b
             n_em += n
         return rest, basic, n_em
-    return [event], _Basic(), 0
+    return [event], _ZERO, 0
 
 
 class Track:
@@ -247,7 +257,7 @@ class Track:
     def __init__(self, backend, em_as_zcdp: bool):
         self.acc = backend
         self.em_as_zcdp = em_as_zcdp
-        self.basic = _Basic()
+        self.basic = _ZERO
         self.alive = True
         self.n_em = 0
 
