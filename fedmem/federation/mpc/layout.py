@@ -11,12 +11,13 @@ from fedmem.errors import MpcFailure
 from fedmem.federation.sharing import SealedPacket, SelectionSpec, SharePacket
 
 
-def assemble(packets: Sequence[SharePacket]):
+def assemble(packets: Sequence[SharePacket], *, values: bool = True):
     """Concatenate one party's packets from every shard host in ascending shard-id order.
 
     Returns ``(scores (B, N), values (B, N, d), valid (B, N), shard_ids (S,), m)`` with
     flat candidate index ``j = s * m + c`` (``s`` = position of the shard in ascending
-    global id order, ``c`` = candidate index within the shard).
+    global id order, ``c`` = candidate index within the shard). ``values=False`` leaves the
+    values where they are (``None`` in their place; :func:`value_rows` reads selected rows).
     """
     packets = list(packets)
     if not packets:
@@ -35,15 +36,34 @@ def assemble(packets: Sequence[SharePacket]):
     S = len(ids)
     if len(packets) == 1 and np.array_equal(order, np.arange(S)):   # one host, ids in order: views, no copy
         p = packets[0]
-        return (p.scores.reshape(B, S * m), p.values.reshape(B, S * m, d), p.valid.reshape(B, S * m), ids, m)
+        return (p.scores.reshape(B, S * m), p.values.reshape(B, S * m, d) if values else None,
+                p.valid.reshape(B, S * m), ids, m)
     if np.array_equal(order, np.arange(S)):   # hosts hold ascending id ranges (split_shards): one copy, no gather
         def cat(name):
             return np.concatenate([getattr(p, name) for p in packets], axis=1)
     else:
         def cat(name):
             return np.concatenate([getattr(p, name) for p in packets], axis=1)[:, order]
-    return (cat("scores").reshape(B, S * m), cat("values").reshape(B, S * m, d), cat("valid").reshape(B, S * m),
-            ids[order], m)
+    return (cat("scores").reshape(B, S * m), cat("values").reshape(B, S * m, d) if values else None,
+            cat("valid").reshape(B, S * m), ids[order], m)
+
+
+def value_rows(packets: Sequence[SharePacket], b_idx: np.ndarray, n_idx: np.ndarray) -> np.ndarray:
+    """``values[b_idx, n_idx]`` of :func:`assemble`'s layout (rows (len(b_idx), d)), read from the
+    hosts' packets without concatenating them (the plaintext reference's selected rows)."""
+    packets = list(packets)
+    m = packets[0].m
+    order = np.argsort(np.concatenate([p.shard_ids for p in packets]), kind="stable")
+    starts = np.cumsum([0] + [p.values.shape[1] for p in packets])
+    g = order[np.asarray(n_idx) // m]                       # shard's position in the hosts' concatenation
+    c = np.asarray(n_idx) % m
+    h = np.searchsorted(starts, g, side="right") - 1      # its host
+    out = np.empty((len(g), packets[0].d), dtype=np.int64)
+    for i, p in enumerate(packets):
+        sel = np.nonzero(h == i)[0]
+        if sel.size:
+            out[sel] = p.values[np.asarray(b_idx)[sel], g[sel] - starts[i], c[sel]]
+    return out
 
 
 def _check_packets(packets, n_parties: int):

@@ -9,7 +9,7 @@ import numpy as np
 
 from fedmem import _validate as V
 from fedmem.errors import MpcFailure
-from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, _unseal, assemble
+from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, _unseal, assemble, value_rows
 from fedmem.federation.parties import Parties
 from fedmem.federation.sharing import MASK_FILL, PartyKey, Revealed, SelectionSpec, decode, encode, reconstruct
 
@@ -56,7 +56,7 @@ class PlaintextParties(Parties):
         per = [_unseal(_resolve(p), self._keys[r], run_id, r)
                for r, p in enumerate(_check_packets(packets, self.n_parties))]
         per = _check_packets(per, self.n_parties)
-        parts = [assemble(p) for p in per]
+        parts = [assemble(p, values=False) for p in per]
         ids, m = parts[0][3], parts[0][4]
         scores = reconstruct([p[0] for p in parts])
         valid = reconstruct([p[2] for p in parts])
@@ -68,11 +68,11 @@ class PlaintextParties(Parties):
         if "sum" in spec.reveal:
             # ring sum of the selected values = sum over parties of the selected share rows (mod 2^64):
             # no party's values are reconstructed, and no (B, N, d) temporary is built
-            ring = np.zeros((B, parts[0][1].shape[2]), dtype=np.int64)
+            ring = np.zeros((B, per[0][0].d), dtype=np.int64)
             b_idx, n_idx = np.nonzero(mask)
             with np.errstate(over="ignore"):
-                for p in parts:
-                    np.add.at(ring, b_idx, p[1][b_idx, n_idx])
+                for p in per:   # the selected rows straight from each host's packet (no concatenation)
+                    np.add.at(ring, b_idx, value_rows(p, b_idx, n_idx))
             out["sum"] = decode(ring)
         if "count" in spec.reveal:
             out["count"] = mask.sum(axis=1).astype(np.int64)

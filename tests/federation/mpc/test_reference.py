@@ -95,3 +95,18 @@ def test_plaintext_reference_refuses_tampered_or_unsealed_packets():
         pp.run(packets, spec, run_id=rid)                           # unsealed where sealing is expected
     with pytest.raises(MpcFailure, match="need the run id"):
         pp.run(sealed, spec)
+
+
+def test_value_rows_read_assembles_layout_without_concatenating():
+    """value_rows(packets, b, n) equals assemble(packets)[1][b, n] for hosts with shuffled, non-contiguous
+    shard ids (the plaintext reference reads selected rows this way)."""
+    from fedmem.federation.mpc.layout import assemble, value_rows
+
+    rng = np.random.default_rng(11)
+    packets, _ = make_candidates(rng, B=5, S=10, m=3, d=4, n_hosts=3)
+    for p in packets:
+        full = assemble(p)[1]
+        b = rng.integers(0, 5, 40)
+        n = rng.integers(0, 30, 40)
+        np.testing.assert_array_equal(value_rows(p, b, n), full[b, n])
+        assert assemble(p, values=False)[1] is None
