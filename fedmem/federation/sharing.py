@@ -218,6 +218,29 @@ SEED_BYTES = 32
 """Length of a share seed: an AES-256 key."""
 
 
+def keystream_words(encryptor, n: int) -> np.ndarray:
+    """The next ``n`` ring elements (int64, little-endian words) of an AES-CTR ``encryptor``'s keystream.
+
+    The keystream is the encryption of zeros: a kept read-only zero buffer is encrypted into an
+    uninitialised array (no zero-fill, no second buffer). Shared by the hosts' share seeds
+    (:func:`prg_ring`) and the compute parties' triple streams
+    (:class:`~fedmem.federation.mpc.keystreams.KeyStream`); numpy and ``cryptography`` only."""
+    global _ZEROS
+    n = V.positive_int("n", n, minimum=0)
+    zeros = _ZEROS
+    if len(zeros) < 8 * n:
+        zeros = bytes(8 * n)
+        if 8 * n <= _ZEROS_KEPT:   # read-only zeros kept for the next call (untouched pages cost little)
+            _ZEROS = zeros
+    out = np.empty(8 * n + 15, dtype=np.uint8)   # update_into wants room for one more block than it writes
+    encryptor.update_into(memoryview(zeros)[:8 * n], out)
+    return out[:8 * n].view("<i8").astype(np.int64, copy=False)
+
+
+_ZEROS = b""
+_ZEROS_KEPT = 64 << 20   # bytes of zeros a process keeps between calls (a batch of 100 needs about 10 MB)
+
+
 def prg_ring(seed: bytes, n: int) -> np.ndarray:
     """``n`` ring elements (int64, little-endian words of the keystream) from AES-256-CTR keyed by ``seed``.
 
@@ -228,21 +251,7 @@ def prg_ring(seed: bytes, n: int) -> np.ndarray:
 
     if not isinstance(seed, (bytes, bytearray)) or len(seed) != SEED_BYTES:
         raise ValueError(f"seed must be {SEED_BYTES} bytes. Found {seed!r:.60}.")
-    n = V.positive_int("n", n, minimum=0)
-    global _ZEROS
-    zeros = _ZEROS
-    if len(zeros) < 8 * n:
-        zeros = bytes(8 * n)
-        if 8 * n <= _ZEROS_KEPT:   # read-only zeros kept for the next call (untouched pages cost little)
-            _ZEROS = zeros
-    out = np.empty(8 * n + 15, dtype=np.uint8)   # update_into wants room for one more block than it writes
-    # the keystream = encryption of zeros (into an uninitialised array: no zero-fill, no second buffer)
-    Cipher(algorithms.AES(bytes(seed)), modes.CTR(bytes(16))).encryptor().update_into(memoryview(zeros)[:8 * n], out)
-    return out[:8 * n].view("<i8").astype(np.int64, copy=False)
-
-
-_ZEROS = b""
-_ZEROS_KEPT = 64 << 20   # bytes of zeros a process keeps between calls (a batch of 100 needs about 10 MB)
+    return keystream_words(Cipher(algorithms.AES(bytes(seed)), modes.CTR(bytes(16))).encryptor(), n)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from collections import deque
 
 import torch
 
+from fedmem.federation.sharing import keystream_words
+
 
 POOL_MB_DEFAULT = 32
 """Keystream each correlated-randomness stream keeps ready between queries (MiB; bounded
@@ -44,15 +46,9 @@ class KeyStream:
         self._pool: deque = deque()
         self._pooled = 0
         self._lock = threading.Lock()
-        self._zeros = b""
 
     def _gen(self, n: int) -> torch.Tensor:
-        nbytes = 8 * n
-        if len(self._zeros) < nbytes:
-            self._zeros = bytes(max(nbytes, 8 * _CHUNK))
-        buf = bytearray(nbytes + 15)
-        self._enc.update_into(memoryview(self._zeros)[:nbytes], buf)
-        return torch.frombuffer(buf, dtype=torch.long, count=n)
+        return torch.from_numpy(keystream_words(self._enc, n))
 
     def take(self, n: int) -> torch.Tensor:
         """The next ``n`` elements of the stream (from the pool first, then freshly generated)."""
