@@ -32,20 +32,22 @@ def assemble(packets: Sequence[SharePacket], *, values: bool = True):
     ids = np.concatenate([p.shard_ids for p in packets]).astype(np.int64)
     if len(np.unique(ids)) != len(ids):
         raise ValueError(f"shard_ids must be distinct across shard hosts. Found duplicates in {ids.tolist()!r}.")
-    order = np.argsort(ids, kind="stable")
+    order = _shard_order(packets)
     S = len(ids)
-    if len(packets) == 1 and np.array_equal(order, np.arange(S)):   # one host, ids in order: views, no copy
-        p = packets[0]
-        return (p.scores.reshape(B, S * m), p.values.reshape(B, S * m, d) if values else None,
-                p.valid.reshape(B, S * m), ids, m)
-    if np.array_equal(order, np.arange(S)):   # hosts hold ascending id ranges (split_shards): one copy, no gather
-        def cat(name):
-            return np.concatenate([getattr(p, name) for p in packets], axis=1)
-    else:
-        def cat(name):
-            return np.concatenate([getattr(p, name) for p in packets], axis=1)[:, order]
+    in_order = np.array_equal(order, np.arange(S))   # e.g. hosts holding ascending id ranges (split_shards)
+
+    def cat(name):   # one host in order: a view; hosts in order: one copy; else a copy and a gather
+        x = getattr(packets[0], name) if len(packets) == 1 else np.concatenate([getattr(p, name) for p in packets],
+                                                                                axis=1)
+        return x if in_order else x[:, order]
+
     return (cat("scores").reshape(B, S * m), cat("values").reshape(B, S * m, d) if values else None,
             cat("valid").reshape(B, S * m), ids[order], m)
+
+
+def _shard_order(packets: Sequence[SharePacket]) -> np.ndarray:
+    """For the s-th shard in ascending global id order, its position in the hosts' concatenation."""
+    return np.argsort(np.concatenate([p.shard_ids for p in packets]), kind="stable")
 
 
 def value_rows(packets: Sequence[SharePacket], b_idx: np.ndarray, n_idx: np.ndarray) -> np.ndarray:
@@ -53,7 +55,7 @@ def value_rows(packets: Sequence[SharePacket], b_idx: np.ndarray, n_idx: np.ndar
     hosts' packets without concatenating them (the plaintext reference's selected rows)."""
     packets = list(packets)
     m = packets[0].m
-    order = np.argsort(np.concatenate([p.shard_ids for p in packets]), kind="stable")
+    order = _shard_order(packets)
     starts = np.cumsum([0] + [p.values.shape[1] for p in packets])
     g = order[np.asarray(n_idx) // m]                       # shard's position in the hosts' concatenation
     c = np.asarray(n_idx) % m
