@@ -282,11 +282,24 @@ class SeedPacket:
         return f"SeedPacket(shape={self.shape}, shard_ids={np.asarray(self.shard_ids).tolist()})"
 
     def expand(self) -> SharePacket:
-        B, S_h, m, d = self.shape
-        n1, n2 = B * S_h * m, B * S_h * m * d
-        flat = prg_ring(self.seed, 2 * n1 + n2)
-        return SharePacket(scores=flat[:n1].reshape(B, S_h, m), values=flat[n1:n1 + n2].reshape(B, S_h, m, d),
-                           valid=flat[n1 + n2:].reshape(B, S_h, m), shard_ids=np.asarray(self.shard_ids, np.int64))
+        return _packet_from_words(prg_ring(self.seed, _body_words(self.shape)), self.shape, self.shard_ids)
+
+
+def _body_words(shape) -> int:
+    """Ring elements in a packet body of shape (B, S_h, m, d): scores and valid (B S_h m each), values."""
+    B, S_h, m, d = shape
+    return B * S_h * m * (2 + d)
+
+
+def _packet_from_words(flat: np.ndarray, shape, shard_ids) -> SharePacket:
+    """The :class:`SharePacket` whose body (scores, values, valid, flattened in that order: the layout of
+    a sealed body and of a seed's keystream) is ``flat``; ``ValueError`` when ``flat`` has another size."""
+    B, S_h, m, d = shape
+    n1, n2 = B * S_h * m, B * S_h * m * d
+    if flat.size != 2 * n1 + n2:
+        raise ValueError(f"flat must hold {2 * n1 + n2} ring elements for shape {tuple(shape)}. Found {flat.size}.")
+    return SharePacket(scores=flat[:n1].reshape(B, S_h, m), values=flat[n1:n1 + n2].reshape(B, S_h, m, d),
+                       valid=flat[n1 + n2:].reshape(B, S_h, m), shard_ids=np.asarray(shard_ids, dtype=np.int64))
 
 
 def share_encoded_seeded(scores, values, valid, shard_ids, n_parties: int, rng: np.random.Generator, *,
@@ -309,16 +322,14 @@ def share_encoded_seeded(scores, values, valid, shard_ids, n_parties: int, rng: 
                          f"{ok.dtype} {ok.shape}.")
     ids = np.asarray(shard_ids, dtype=np.int64)
     shape = (*s.shape, v.shape[3])
-    n1, n2 = s.size, v.size
     out, last = [], [s.copy(), v.copy(), ok.copy()]
     with np.errstate(over="ignore"):
         for _ in range(n - 1):
             sp = SeedPacket(rng.bytes(SEED_BYTES), shape, ids)
-            flat = prg_ring(sp.seed, 2 * n1 + n2)
-            mine = (flat[:n1].reshape(s.shape), flat[n1:n1 + n2].reshape(v.shape), flat[n1 + n2:].reshape(ok.shape))
-            for acc, x in zip(last, mine):
+            mine = sp.expand()
+            for acc, x in zip(last, (mine.scores, mine.values, mine.valid)):
                 acc -= x
-            out.append(sp if compress else SharePacket(*mine, shard_ids=ids))
+            out.append(sp if compress else mine)
     return [*out, SharePacket(scores=last[0], values=last[1], valid=last[2], shard_ids=ids)]
 
 
@@ -539,10 +550,7 @@ class PartyKey:
             if len(body) != SEED_BYTES:
                 raise ValueError("sealed packet failed authentication (size does not match its kind); refused.")
             return SeedPacket(body, shape, ids).expand()
-        B, S_h, m, d = shape
-        n1, n2 = B * S_h * m, B * S_h * m * d
         flat = np.frombuffer(body, dtype="<i8").astype(np.int64, copy=False)
-        if flat.size != 2 * n1 + n2:
+        if flat.size != _body_words(shape):
             raise ValueError("sealed packet failed authentication (size does not match its shape); refused.")
-        return SharePacket(scores=flat[:n1].reshape(B, S_h, m), values=flat[n1:n1 + n2].reshape(B, S_h, m, d),
-                           valid=flat[n1 + n2:].reshape(B, S_h, m), shard_ids=ids)
+        return _packet_from_words(flat, shape, ids)
