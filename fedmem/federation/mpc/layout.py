@@ -61,10 +61,9 @@ def value_rows(packets: Sequence[SharePacket], b_idx: np.ndarray, n_idx: np.ndar
     c = np.asarray(n_idx) % m
     h = np.searchsorted(starts, g, side="right") - 1      # its host
     out = np.empty((len(g), packets[0].d), dtype=np.int64)
-    for i, p in enumerate(packets):
+    for i, p in enumerate(packets):   # every host, selected rows or none (no branch on which hosts were selected)
         sel = np.nonzero(h == i)[0]
-        if sel.size:
-            out[sel] = p.values[np.asarray(b_idx)[sel], g[sel] - starts[i], c[sel]]
+        out[sel] = p.values[np.asarray(b_idx)[sel], g[sel] - starts[i], c[sel]]
     return out
 
 
