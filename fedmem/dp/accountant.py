@@ -66,7 +66,7 @@ _bookable = bookable
 _Track = Track
 _epsilon = smallest_epsilon
 __all__ = ["ACCOUNTANT_KINDS", "Accountant", "AccountantKind", "Booking", "book_together", "em_rho",
-           "book_groups", "composed_epsilon", "event_from_dict", "event_to_dict"]
+           "PendingTrial", "book_groups", "composed_epsilon", "event_from_dict", "event_to_dict"]
 
 
 @dataclass(frozen=True)
@@ -266,6 +266,61 @@ class Accountant:
         return f"Accountant(kind={self.kind!r}, name={self.name!r}, bookings={self.count}, store={self.store!r})"
 
 
+class PendingTrial:
+    """Events admitted against an accountant but not yet booked, composed once.
+
+    A gateway decides a batch query by query and every admitted query's events stay
+    pending until the batch is booked; asking ``accountant.fits(pending + events, cap)``
+    recomposes the whole pending list for every query (quadratic in the batch: 385 ms of
+    a 487 ms batch of 100 in the plaintext engine, profiled). This keeps the pending events
+    composed on a copy of the accountant's tracks, so :meth:`fits` composes only the new
+    events. The answer is what ``accountant.fits(self.events + events, cap)`` gives, bit
+    for bit: the same normalised events composed in the same order onto the same synced
+    history (tested). The copy is rebuilt whenever the accountant's synced history moved
+    (another process or object booked since)."""
+
+    def __init__(self, accountant: "Accountant"):
+        if not isinstance(accountant, Accountant):
+            raise TypeError(f"accountant must be a fedmem.dp.Accountant. Found {type(accountant).__name__}.")
+        self.accountant = accountant
+        self.events: list = []
+        self._tracks = None
+        self._base = None      # (last id, count) of the history the copy was built on
+
+    def _state(self):
+        acc = self.accountant
+        with acc.store.snapshot() as db:
+            acc._sync(db)
+        if self._tracks is None or self._base != (acc._last_id, acc._count):
+            self._tracks = copy_tracks(acc._tracks)
+            for e in self.events:
+                for t in self._tracks:
+                    t.compose(e)
+            self._base = (acc._last_id, acc._count)
+        return self._tracks
+
+    def fits(self, events, budget: tuple[float, float] | None = None) -> bool:
+        """:meth:`Accountant.fits` of ``self.events + events`` (writes nothing)."""
+        caps = [c for c in (self.accountant.budget, budget) if c is not None and c[0] != float("inf")]
+        state = self._state()
+        if not caps:
+            return True
+        trial = copy_tracks(state)
+        for e in [_normalised(e) for e in events]:
+            for t in trial:
+                t.compose(e)
+        return not any(smallest_epsilon(trial, c[1]) > c[0] for c in caps)
+
+    def add(self, events) -> None:
+        """Hold ``events`` as pending (composed into the kept copy)."""
+        events = [_normalised(e) for e in events]
+        self.events += events
+        if self._tracks is not None:
+            for e in events:
+                for t in self._tracks:
+                    t.compose(e)
+
+
 def composed_epsilon(kind: AccountantKind, events, delta: float) -> float:
     """What a fresh ``Accountant(kind)`` reports at ``delta`` after booking ``events`` in order,
     without writing them anywhere (one in-memory accountant, one trial composition instead of
@@ -350,31 +405,53 @@ def book_groups(groups, labels, trace=None) -> tuple[list[list[Booking]], list[f
     with store.transaction() as db:
         for acc in accs.values():
             acc._sync(db)
-        for acc, evs, caps in per_acc.values():
+        # ONE trial composition per accountant: its synced tracks with the groups' events composed
+        # in group order (what booking the groups one by one would compose). The traced values
+        # are read off it after each group, the budgets at the end (epsilon only grows under
+        # composition, so the whole fitting means every prefix fits), and after the commit it
+        # becomes the accountant's state: exactly what re-reading the rows just written would compose.
+        trial = {i: [acc._count, copy_tracks(acc._tracks)] for i, acc in accs.items()}
+        for g, evs, t in zip(pgroups, events, trace if trace is not None else [None] * len(groups)):
+            for (acc, _, _), ev in zip(g, evs):
+                st = trial[id(acc)]
+                st[0] += 1
+                for tr in st[1]:
+                    tr.compose(ev)
+            if t is not None:
+                traced.append([(trial[id(acc)][0], smallest_epsilon(trial[id(acc)][1], d)) for acc, d in t])
+        for acc, _, caps in per_acc.values():
             for cap in [acc.budget, *caps]:
                 if cap is None or cap[0] == float("inf"):
                     continue
-                eps = acc._trial_epsilon(evs, cap[1])
+                eps = smallest_epsilon(trial[id(acc)][1], cap[1])
                 if eps > cap[0]:
                     what = repr(labels[0]) if len(labels) == 1 else f"{labels[0]!r} and {len(labels) - 1} more"
                     raise BudgetExceeded(f"booking {what} would raise epsilon of accountant {acc.name!r} to "
                                          f"{eps:.6g} > budget {cap[0]!r} at delta={cap[1]!r}.")
-        if trace is not None:
-            copies = {i: [acc._count, copy_tracks(acc._tracks)] for i, acc in traced_accs.items()}
-            for g, evs, t in zip(pgroups, events, trace):
-                for (acc, _, _), ev in zip(g, evs):
-                    if id(acc) in copies:
-                        copies[id(acc)][0] += 1
-                        for tr in copies[id(acc)][1]:
-                            tr.compose(ev)
-                traced.append([(copies[id(acc)][0], smallest_epsilon(copies[id(acc)][1], d)) for acc, d in t])
         ts = time.time()
+        last: dict[int, int] = {}
         for i, (g, label) in enumerate(zip(pgroups, labels)):
             for acc, payload, _ in g:
                 cur = db.execute("INSERT INTO accountant_events (accountant, event, label, ts) VALUES (?, ?, ?, ?)",
                                  (acc.name, json.dumps(payload), label, ts))
+                last[id(acc)] = cur.lastrowid
                 out[i].append(Booking(cur.lastrowid, payload, label, ts))
-    with store.snapshot() as db:
-        for acc, _, _ in per_acc.values():
-            acc._sync(db)
+    # Committed: every booked accountant takes its trial state (the rows were written under
+    # the write lock right after its sync, so no other row of it lies between). Two objects
+    # of one name would each miss the other's rows: those sync from the store instead.
+    names = [acc.name for acc in accs.values()]
+    unique = len(set(names)) == len(names)
+    stale = []
+    for i, acc in accs.items():
+        if i not in last:
+            continue
+        if unique:
+            acc._count, acc._tracks = trial[i]
+            acc._last_id = last[i]
+        else:
+            stale.append(acc)
+    if stale:
+        with store.snapshot() as db:
+            for acc in stale:
+                acc._sync(db)
     return out, traced

@@ -66,12 +66,11 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-from collections import defaultdict
 from dataclasses import dataclass
 
 from fedmem import _validate as V
 from fedmem.dp import Accountant, book_together
-from fedmem.dp.accountant import book_groups
+from fedmem.dp.accountant import PendingTrial, book_groups
 from fedmem.dp.events import gaussian_mu
 from fedmem.errors import BudgetExceeded, SupportPrivacyViolation
 from fedmem.federation.aggregator import ReleasePlan
@@ -175,7 +174,7 @@ class Gateway:
                     db.execute(stmt)
         self._accs: dict[str, Accountant] = {}
         self._resolved: dict[str, str] = {}    # token digest -> label (cache of federation_capabilities)
-        self._pending: dict[str, list] = defaultdict(list)
+        self._pending: dict[str, PendingTrial] = {}   # accountant name -> charges admitted, not yet booked
 
     # ------------------------------------------------------------------ principals and queries
     def new_principal(self) -> Principal:
@@ -313,14 +312,21 @@ class Gateway:
                 continue
             caps = self._caps(principal, plan)
             why = next((why for acc, events, cap, why in caps
-                        if not acc.fits(self._pending[acc.name] + list(events), cap)), None)
+                        if not self._pending_of(acc).fits(events, cap)), None)
             if why is not None:
                 reasons.append(why if route == "primary" else f"fallback:{why}")
                 continue
             for acc, events, _, _ in caps:
-                self._pending[acc.name] += list(events)
+                self._pending_of(acc).add(events)
             return Decision(query_id, principal, family, retry_of, route, tuple(reasons))
         return Decision(query_id, principal, family, retry_of, None, tuple(reasons))
+
+    def _pending_of(self, acc: Accountant) -> PendingTrial:
+        """The pending charges of ``acc``'s ledger (by name: one ledger however many objects open it)."""
+        p = self._pending.get(acc.name)
+        if p is None:
+            p = self._pending[acc.name] = PendingTrial(acc)
+        return p
 
     def clear_pending(self) -> None:
         self._pending.clear()

@@ -576,3 +576,81 @@ def test_book_groups_is_all_or_nothing_and_traces_what_one_by_one_booking_report
     assert p2.count == 4 and t2.count == 4
     with pytest.raises(ValueError, match="one entry per group"):
         book_groups(groups(p2, t2), ["q"])
+
+
+MIXED = [G(1.5), SC(G(2.0), 3), C([L(9.0), ApproxDpEvent(0.1, 1e-8)]), ExponentialMechanism(0.4, 2.0).event(),
+         PureDpEvent(0.2), G(3.0)]
+
+
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+def test_book_groups_adopts_what_rereading_the_rows_composes(kind):
+    """After the commit each booked accountant takes its trial composition instead of re-reading
+    its rows: it must report what a fresh object reading the same rows reports (bit for bit),
+    and go on syncing rows that other objects write afterwards."""
+    from fedmem.dp.accountant import book_groups
+
+    store = DurableStore(None)
+    p, t = Accountant(kind, store=store, name="p"), Accountant(kind, store=store, name="t")
+    other = Accountant(kind, store=store, name="p")          # a second object of p's ledger (another process)
+    other.book(G(4.0))                                        # before the batch: synced inside its transaction
+    groups = [[(p, e, None), (t, e, (1e9, DELTA))] for e in MIXED]
+    book_groups(groups, [f"q{i}" for i in range(len(MIXED))], [[(p, DELTA)]] * len(MIXED))
+    fresh_p, fresh_t = Accountant(kind, store=store, name="p"), Accountant(kind, store=store, name="t")
+    assert (p.count, p.spent(DELTA), p.spent(1e-9)) == (fresh_p.count, fresh_p.spent(DELTA), fresh_p.spent(1e-9))
+    assert (t.count, t.spent(DELTA)) == (fresh_t.count, fresh_t.spent(DELTA))
+    other.book(L(2.0))                                        # after: the adopted object still sees it
+    fresh_p = Accountant(kind, store=store, name="p")
+    assert p.count == fresh_p.count == len(MIXED) + 2 and p.spent(DELTA) == fresh_p.spent(DELTA)
+
+
+def test_book_groups_with_two_objects_of_one_ledger_syncs_both():
+    from fedmem.dp.accountant import book_groups
+
+    store = DurableStore(None)
+    a, b = Accountant("rdp", store=store, name="x"), Accountant("rdp", store=store, name="x")
+    book_groups([[(a, G(2.0), None)], [(b, G(3.0), None)]], ["q0", "q1"])
+    want = Accountant("rdp", store=store, name="x")
+    assert a.count == b.count == want.count == 2
+    assert a.spent(DELTA) == b.spent(DELTA) == want.spent(DELTA)
+
+
+@pytest.mark.parametrize("kind", ["rdp", "pld"])
+def test_pending_trial_answers_what_fits_on_the_whole_pending_list_answers(kind):
+    """PendingTrial keeps the admitted-but-unbooked events composed; its answer must equal
+    ``Accountant.fits(pending + events, cap)`` at every step, also when another object books
+    into the same ledger in between (the kept composition is then rebuilt)."""
+    from fedmem.dp.accountant import PendingTrial
+
+    store = DurableStore(None)
+    acc = Accountant(kind, store=store, name="p", budget=(40.0, DELTA))
+    other = Accountant(kind, store=store, name="p", budget=(40.0, DELTA))
+    pend, pending = PendingTrial(acc), []
+    answers = []
+    for i, e in enumerate(MIXED * 3):
+        for cap in (None, (6.0, DELTA), (9.0, 1e-9), (math.inf, DELTA)):
+            want = acc.fits(pending + [e], cap)
+            assert pend.fits([e], cap) == want, (i, cap)
+            answers.append(want)
+        if acc.fits(pending + [e], (9.0, DELTA)):
+            pend.add([e])
+            pending.append(e)
+        if i % 5 == 2:
+            other.book(G(30.0))                                # a booking the kept copy has not seen
+    assert True in answers and False in answers                 # the caps were reached: both answers occur
+
+
+def test_pending_trial_that_ignored_other_bookings_would_be_caught():
+    """Companion: a PendingTrial whose kept copy is never rebuilt (ignores another object's
+    booking) answers differently from ``fits`` on the same steps: the test above has power."""
+    from fedmem.dp.accountant import PendingTrial
+
+    store = DurableStore(None)
+    acc = Accountant("rdp", store=store, name="p")
+    other = Accountant("rdp", store=store, name="p")
+    pend = PendingTrial(acc)
+    pend.add([G(2.0)])
+    assert pend.fits([G(2.0)], (5.0, DELTA))                          # 3.54 <= 5
+    other.book(G(0.5))                                                # now 12.5 > 5
+    pend._base = (acc._last_id + 1, acc._count + 1)                  # break: pretend nothing moved ...
+    pend._state = lambda: pend._tracks                                # ... and never re-read the ledger
+    assert pend.fits([G(2.0)], (5.0, DELTA)) != acc.fits([G(2.0), G(2.0)], (5.0, DELTA))
