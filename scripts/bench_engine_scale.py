@@ -4,8 +4,8 @@ One process, one private Ray. For each kind of parties (plaintext, then CrypTen;
 federation each): ``--shards`` shards x ``--records`` records (float32 keys and values,
 ``make_clustered_shards(..., dtype=np.float32)``), ``--hosts`` shard-host actors, threshold
 selection (cosine 0.5), k' = ``--k-local``, the gateway on with noised receipts and realized
-calibration (a defended federation that answers threshold queries), budgets set to infinity
-(every query computed, noised and booked as usual). Prints:
+calibration (a defended federation that answers threshold queries), budgets finite but 1e9
+(every budget checked as with the defaults; every query computed, noised and booked as usual). Prints:
 
 * federation start: constructing the ``Federation`` and waiting for its hosts to be ready;
 * warm single queries: ``--queries`` calls of one query each (the first call is a warm-up and
@@ -22,7 +22,6 @@ Nothing is asserted; the load average is printed (the machine may be shared).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import resource
 import statistics
@@ -40,8 +39,9 @@ from fedmem.dp import Accountant  # noqa: E402
 from fedmem.federation.config import FederationConfig  # noqa: E402
 from fedmem.federation.engine import Federation  # noqa: E402
 
-NO_BUDGETS = dict(epsilon_budget=math.inf, total_epsilon_budget=math.inf, support_budget_bits=math.inf,
-                  total_support_budget_bits=math.inf)
+# finite budgets, so the gateway checks every budget as it does with the defaults, but so large
+# that no query is refused (with infinite budgets the checks are skipped: not what ships)
+BUDGETS = dict(epsilon_budget=1e9, total_epsilon_budget=1e9, support_budget_bits=1e9, total_support_budget_bits=1e9)
 
 
 def ray_workers_rss() -> dict[str, float]:
@@ -67,7 +67,7 @@ def run(mpc: str, data, queries: np.ndarray, args) -> dict:
     cfg = FederationConfig(shards=args.shards, records_per_shard=args.records, key_dim=args.dim, value_dim=args.dim,
                            hosts=args.hosts, k_local=args.k_local, selection="threshold", threshold=0.5,
                            n_bound=args.shards, receipts="noised", calibration="realized", mpc=mpc, timeout_s=1800.0, max_batch=max(1, args.batch),
-                           **NO_BUDGETS)
+                           **BUDGETS)
     t0 = time.perf_counter()
     fed = Federation(cfg, data, accountant=Accountant(), rng=np.random.default_rng(args.seed))
     fed.engine._heal_hosts()          # wait for the hosts (the first query would)

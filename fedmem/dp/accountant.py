@@ -286,6 +286,7 @@ class PendingTrial:
         self.events: list = []
         self._tracks = None
         self._base = None      # (last id, count) of the history the copy was built on
+        self._trial = None     # (events object, base, pending length, tracks) of the last fits()
 
     def _state(self):
         acc = self.accountant
@@ -305,20 +306,28 @@ class PendingTrial:
         state = self._state()
         if not caps:
             return True
+        trial = self._compose(events, state)
+        return not any(smallest_epsilon(trial[1], c[1]) > c[0] for c in caps)
+
+    def _compose(self, events, state):
+        """``events`` (normalised) composed on a copy of ``state``; kept for an :meth:`add` of the
+        same ``events`` object on the same state (a gateway checks, then holds, the same charges)."""
+        t = self._trial
+        if t is not None and t[0] is events and t[1] == self._base and t[2] == len(self.events):
+            return t[3]
+        normalised = [_normalised(e) for e in events]
         trial = copy_tracks(state)
-        for e in [_normalised(e) for e in events]:
-            for t in trial:
-                t.compose(e)
-        return not any(smallest_epsilon(trial, c[1]) > c[0] for c in caps)
+        for e in normalised:
+            for tr in trial:
+                tr.compose(e)
+        self._trial = (events, self._base, len(self.events), (normalised, trial))
+        return self._trial[3]
 
     def add(self, events) -> None:
         """Hold ``events`` as pending (composed into the kept copy)."""
-        events = [_normalised(e) for e in events]
-        self.events += events
-        if self._tracks is not None:
-            for e in events:
-                for t in self._tracks:
-                    t.compose(e)
+        normalised, trial = self._compose(events, self._state())
+        self.events += normalised
+        self._tracks, self._trial = trial, None
 
 
 def composed_epsilon(kind: AccountantKind, events, delta: float) -> float:

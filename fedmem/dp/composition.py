@@ -280,17 +280,27 @@ class Track:
         """
         if not self.alive:
             return float("inf")
-        rest_delta = Fraction(delta) - self.basic.delta
-        if rest_delta <= 0:
-            return float("inf")
-        ledger = getattr(self.acc, "ledger", None)
-        empty = isinstance(ledger, dp_accounting.ComposedDpEvent) and not ledger.events
+        if self.basic is _ZERO:     # no approximate-DP part: the whole delta, no exact-fraction arithmetic
+            if not delta > 0:
+                return float("inf")
+            rest = float(delta)
+        else:
+            rest_delta = Fraction(delta) - self.basic.delta
+            if rest_delta <= 0:
+                return float("inf")
+            rest = float(rest_delta)
+        builder = getattr(self.acc, "_ledger", None)
+        if type(builder) is dp_accounting.DpEventBuilder:   # what .ledger would build from, without building it
+            empty = not builder._event_counts
+        else:
+            ledger = getattr(self.acc, "ledger", None)
+            empty = isinstance(ledger, dp_accounting.ComposedDpEvent) and not ledger.events
         if empty:
             base = 0.0
         elif isinstance(getattr(self.acc, "_rdp", None), np.ndarray) and hasattr(self.acc, "_orders"):
-            base = rdp_epsilon(self.acc._orders, self.acc._rdp, float(rest_delta))   # RdpAccountant, vectorised
+            base = rdp_epsilon(self.acc._orders, self.acc._rdp, rest)   # RdpAccountant, vectorised
         else:
-            base = self.acc.get_epsilon(float(rest_delta))
+            base = self.acc.get_epsilon(rest)
         return float(base) + float(self.basic.epsilon)
 
 
