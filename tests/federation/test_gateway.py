@@ -129,6 +129,70 @@ def test_pending_reservations_make_a_batch_compose_like_single_queries():
     g.clear_pending()
 
 
+def _reference_decisions(g, plans, queries, writer, write_at):
+    """The gateway's decisions as ``Accountant.fits(every pending charge + this query's)`` gives
+    them, query by query (what ``decide`` computed before the pending charges were kept
+    composed): the reference the batch decisions must equal."""
+    pending, out = {}, []
+    for i, pid in enumerate(queries):
+        if i == write_at:
+            writer()
+        route = None
+        for name in ("primary", "fallback"):
+            pl = plans.get(name)
+            if pl is None or not pl.bookable:
+                continue
+            caps = g._caps(pid, pl)
+            if all(acc.fits(pending.get(acc.name, []) + list(ev), cap) for acc, ev, cap, _ in caps):
+                for acc, ev, _, _ in caps:
+                    pending.setdefault(acc.name, []).extend(ev)
+                route = name
+                break
+        out.append(route)
+    return out
+
+
+@pytest.mark.parametrize("fallback, writer_sigma", [(False, 1.0), (True, 3.0)])
+def test_batch_decisions_equal_fits_on_the_whole_pending_list(fallback, writer_sigma):
+    """A batch of 40 queries from 3 principals against per-principal, total and support budgets
+    (and a fallback route), with another writer booking into the total ledger mid-batch: the
+    decisions with pending charges kept composed (``PendingTrial``) equal the reference that
+    recomposes every pending charge per query, and both admissions and refusals occur. The
+    writer changes the decisions (asserted), so a kept composition that missed its booking is
+    caught here (checked by hand: a PendingTrial that never re-reads the ledger fails both cases)."""
+    primary = plan(receipts="noised", receipt_sigma=6.0, selection="topk", k=2, public_count=2, sigma=3.0)
+    plans = {"primary": primary}
+    if fallback:
+        plans["fallback"] = plan(receipts="broadcast", selection="broadcast", sigma=3.0)
+
+    def world():
+        store = DurableStore(None)
+        g = gw(Accountant(store=store), epsilon_budget=4.0, total_epsilon_budget=7.0,
+               support_budget_bits=2.0, total_support_budget_bits=5.0)
+        other = Accountant(store=store, name=g.accountant.name)
+        return g, (lambda: other.book(dp_accounting.GaussianDpEvent(writer_sigma), "concurrent writer"))
+
+    g1, w1 = world()
+    pids = [g1.new_principal() for _ in range(3)]
+    queries = [pids[i % 3] for i in range(40)]
+    want = _reference_decisions(g1, plans, queries, w1, write_at=7)
+    g0, _ = world()
+    p0 = [g0.new_principal() for _ in range(3)]
+    unwritten = _reference_decisions(g0, plans, [p0[i % 3] for i in range(40)], lambda: None, write_at=7)
+    assert want != unwritten                  # the concurrent booking changes decisions: it must be seen
+    g2, w2 = world()
+    pids2 = [g2.new_principal() for _ in range(3)]
+    got = []
+    ids = g2.register(pids2[0], ["f"] * 40, [None] * 40)
+    for i in range(40):
+        if i == 7:
+            w2()
+        got.append(g2.decide(ids[i], pids2[i % 3], "f", None, plans).route)
+    g2.clear_pending()
+    assert got == want, (got, want)
+    assert None in got and "primary" in got and (not fallback or "fallback" in got)
+
+
 # ------------------------------------------------------------------ epsilon budgets
 def test_epsilon_budget_per_principal_and_total():
     p = plan(selection="topk", k=2, public_count=2, sigma=2.0)
