@@ -96,6 +96,10 @@ def main(argv=None):
     ap.add_argument("--fit-impl", action="store_true",
                     help="only measure rank/grouped/merge protocol time at several B in the engine's configuration "
                          "and fit the cost model of mpc.networks.choose_impl")
+    ap.add_argument("--ray-micro", action="store_true",
+                    help="only time the Ray calls of one query's host round on the engine's own hosts: a trivial "
+                         "actor call, the host step returned by value, the same with ray.put refs, two tiny ray.puts, "
+                         "and candidates_refs as the engine calls it (sealed)")
     ap.add_argument("--profile", default=None,
                     help="cProfile the driver over the CrypTen-engine batch calls; write pstats here")
     a = ap.parse_args(argv)
@@ -114,6 +118,8 @@ def main(argv=None):
     qs = sample_queries(data, a.batch, np.random.default_rng(a.seed + 1))
     if a.fit_impl:
         return fit_impl(a, data, qs, owns)
+    if a.ray_micro:
+        return ray_micro(a, data, qs, owns)
     plain = federation("plaintext", data, a.seed + 2)
     t0 = time.perf_counter()
     secure = federation("crypten", data, a.seed + 3)
@@ -205,6 +211,71 @@ def main(argv=None):
         with open(a.json, "w") as fh:
             json.dump(out, fh, indent=1)
     return out
+
+
+def _rm_nothing(self, q):
+    return 1
+
+
+def _rm_by_value(self, q):
+    return self.candidates(q, "topk")
+
+
+def _rm_put(self, q):
+    import ray
+
+    return [ray.put(p) for p in self.candidates(q, "topk")]
+
+
+def _rm_put_tiny(self, q):
+    import ray
+
+    return [ray.put(b"x" * 100) for _ in range(2)]
+
+
+def ray_micro(a, data, qs, owns):
+    """Where one query's host round goes: Ray calls on the engine's own hosts, medians, 1 and all hosts."""
+    import ray
+
+    from fedmem.federation.sharing import new_run_id
+
+    fed = federation("plaintext", data, a.seed + 2)
+    load0 = os.getloadavg()
+    try:
+        hosts, q1 = fed.engine.hosts, fed.engine.queries(qs[:1])
+        keys = fed.parties.public_keys or None
+        n = max(a.repeats, 5)
+        calls = {
+            "trivial actor call (returns 1)": lambda hs: [h.__ray_call__.remote(_rm_nothing, q1) for h in hs],
+            "host step, packets returned by value": lambda hs: [h.__ray_call__.remote(_rm_by_value, q1) for h in hs],
+            "host step, packets ray.put, refs returned": lambda hs: [h.__ray_call__.remote(_rm_put, q1) for h in hs],
+            "two 100-byte ray.puts, refs returned": lambda hs: [h.__ray_call__.remote(_rm_put_tiny, q1) for h in hs],
+            "candidates_refs, sealed (the engine's call)": lambda hs: [
+                h.candidates_refs.remote(q1, "topk", keys, new_run_id()) for h in hs],
+        }
+        times = {(name, k): [] for name in calls for k in (1, len(hosts))}
+        # blocks of 7 calls of one kind, blocks interleaved; the first call of a block is not
+        # counted (it also pays for freeing the previous block's objects)
+        for rep in range(n + 1):
+            for name, fn in calls.items():
+                for k in (1, len(hosts)):
+                    for j in range(7):
+                        t0 = time.perf_counter()
+                        ray.get(fn(hosts[:k]))
+                        if rep >= 1 and j >= 1:
+                            times[(name, k)].append(time.perf_counter() - t0)
+    finally:
+        fed.close()
+        if owns:
+            ray.shutdown()
+    print(f"one query's host round, Ray calls on the engine's {len(hosts)} hosts, median of {n * 6} (blocks of 6 "
+          f"back-to-back calls, interleaved); "
+          f"load {load0[0]:.2f} -> {os.getloadavg()[0]:.2f}")
+    for name in calls:
+        print(f"  {name:45s} " + "  ".join(f"{k} host{'s' if k > 1 else ''} "
+                                              f"{statistics.median(times[(name, k)]) * 1e3:6.2f} ms"
+                                              for k in (1, len(hosts))))
+    return times
 
 
 def seal_micro(a):
