@@ -303,10 +303,9 @@ class PendingTrial:
     def fits(self, events, budget: tuple[float, float] | None = None) -> bool:
         """:meth:`Accountant.fits` of ``self.events + events`` (writes nothing)."""
         caps = [c for c in (self.accountant.budget, budget) if c is not None and c[0] != float("inf")]
-        state = self._state()
-        if not caps:
+        if not caps:            # nothing to check (as Accountant.fits): no composition at all
             return True
-        trial = self._compose(events, state)
+        trial = self._compose(events, self._state())
         return not any(smallest_epsilon(trial[1], c[1]) > c[0] for c in caps)
 
     def _compose(self, events, state):
@@ -324,10 +323,22 @@ class PendingTrial:
         return self._trial[3]
 
     def add(self, events) -> None:
-        """Hold ``events`` as pending (composed into the kept copy)."""
-        normalised, trial = self._compose(events, self._state())
+        """Hold ``events`` as pending: the trial :meth:`fits` just composed for this same
+        ``events`` object becomes the kept copy; otherwise they are composed into the kept copy
+        (if one was ever needed: with no finite budget nothing is composed)."""
+        t = self._trial
+        self._trial = None
+        if self._tracks is not None and t is not None and t[0] is events and t[1] == self._base \
+                and t[2] == len(self.events):
+            normalised, self._tracks = t[3]
+            self.events += normalised
+            return
+        normalised = [_normalised(e) for e in events]
         self.events += normalised
-        self._tracks, self._trial = trial, None
+        if self._tracks is not None:     # kept copy on self._base; rebuilt by _state() if the ledger moved
+            for e in normalised:
+                for tr in self._tracks:
+                    tr.compose(e)
 
 
 def composed_epsilon(kind: AccountantKind, events, delta: float) -> float:
