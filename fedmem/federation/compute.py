@@ -293,7 +293,8 @@ class Engine:
         return q / np.linalg.norm(q, axis=1, keepdims=True)
 
     def packets(self, q: np.ndarray, mode: str, keys=None, run_id: bytes | None = None):
-        """``packets[p][h]``: an ObjectRef to host h's packet for party p (the driver never holds a share);
+        """``packets[p][h]``: an ObjectRef to host h's packet for party p, or that packet itself when it is
+        sealed and small (ciphertext; ``shard_host.INLINE_SEALED_BYTES``): the driver never holds a share in the clear;
         sealed to party p's public key ``keys[p]`` for this ``run_id`` when keys are given."""
         ray = _ray()
         self._heal_hosts()

@@ -44,9 +44,12 @@ policy; both are decided from public state, so *whether* work happens reveals no
 The computation itself is oblivious (fixed-size packets and circuits); the timing attack
 of :mod:`fedmem.attacks.observable` measures what is left.
 
-Shares never pass through the driver: every host ``ray.put``s its per-party packets
-and hands the driver only the object refs (and public shard ids); each compute party
-fetches its own packets from the host's node (``mpc.CryptenParties``, phase ``load``).
+Shares never pass through the driver in the clear: every host ``ray.put``s its per-party
+packets and hands the driver only the object refs (and public shard ids), except that a
+sealed packet of at most 64 KiB of ciphertext (a 48-byte sealed seed, or a small batch's
+shares) comes back by value (``shard_host.INLINE_SEALED_BYTES``: each host-owned object
+costs a few ms of Ray bookkeeping per call); each compute party fetches its own packets
+from the host's node (``mpc.CryptenParties``, phase ``load``).
 Every packet is sealed to its party first (X25519 + HKDF + AES-256-GCM, bound to a fresh
 run id, the party and the shards; ``sharing.seal_packet``), so the object store and its
 plasma file hold only ciphertext, and a party refuses any packet that does not open.

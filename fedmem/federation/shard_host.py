@@ -41,6 +41,11 @@ PAD_SCORE = -4.0
 """Score of padding rows and broadcast dummies: below every cosine similarity (>= -1)."""
 
 MODES = ("topk", "threshold", "broadcast")
+INLINE_SEALED_BYTES = 64 * 1024
+"""A sealed packet up to this size (e.g. a 48-byte sealed seed) is returned by value instead of
+``ray.put``: each host-owned object costs a few ms of Ray bookkeeping per call
+(``scripts/bench_engine.py --ray-micro``), and a sealed packet is ciphertext the driver cannot
+open (it can already fetch every object it holds a ref to). Unsealed packets are always put."""
 
 
 def stack_shards(keys: list, values: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -233,20 +238,26 @@ class _HostActor(ShardHostCore):
         AES-256-CTR shares; the party expands it when it opens the packet), the last party's the
         shares themselves.
 
-        Returns ``{"refs": [ObjectRef per party], "shard_ids": ...}``: the driver only
-        relays the refs (public metadata) and each party fetches its own packet from this
-        host's node. This host owns the objects, so if it dies before a party fetched
-        them the fetch fails (``OwnerDiedError``) and the query fails closed.
+        Returns ``{"refs": [one item per party], "shard_ids": ...}``: an item is an
+        ObjectRef to a packet this host put in the object store, or, for a sealed packet of
+        at most :data:`INLINE_SEALED_BYTES` of ciphertext (a sealed seed: 48 bytes), the
+        :class:`~fedmem.federation.sharing.SealedPacket` itself. The driver relays the items
+        (public metadata and ciphertext it cannot open) and each party fetches its own
+        packets from this host's node. This host owns the put objects, so if it dies before
+        a party fetched them the fetch fails (``OwnerDiedError``) and the query fails closed.
+        Unsealed packets (shares in the clear) are always put: they never pass through the driver.
         """
         import ray
 
         packets = self.candidates(q, mode, compress=party_keys is not None)
-        if party_keys is not None:
-            if run_id is None or len(party_keys) != len(packets):
-                raise ValueError(f"party_keys must hold one public key per party ({len(packets)}) and come with a "
-                                 f"run_id. Found {len(party_keys)} keys, run_id={run_id!r}.")
-            packets = [seal_packet(p, bytes(k), run_id, r) for r, (p, k) in enumerate(zip(packets, party_keys))]
-        return {"refs": [ray.put(p) for p in packets], "shard_ids": self.shard_ids.copy()}
+        if party_keys is None:
+            return {"refs": [ray.put(p) for p in packets], "shard_ids": self.shard_ids.copy()}
+        if run_id is None or len(party_keys) != len(packets):
+            raise ValueError(f"party_keys must hold one public key per party ({len(packets)}) and come with a "
+                             f"run_id. Found {len(party_keys)} keys, run_id={run_id!r}.")
+        sealed = [seal_packet(p, bytes(k), run_id, r) for r, (p, k) in enumerate(zip(packets, party_keys))]
+        return {"refs": [p if len(p.ciphertext) <= INLINE_SEALED_BYTES else ray.put(p) for p in sealed],
+                "shard_ids": self.shard_ids.copy()}
 
     def where(self) -> dict:
         """Where this host runs: ``{"node_id", "worker_id", "pid"}`` (placement is public)."""

@@ -11,6 +11,7 @@ import pytest
 
 from fedmem.federation.mpc import PlaintextParties
 from fedmem.federation.parties import Parties
+from fedmem.federation.shard_host import INLINE_SEALED_BYTES
 from fedmem.federation.sharing import SelectionSpec
 from tests.federation.mpc.helpers import dead_refs as _dead_refs
 
@@ -35,6 +36,11 @@ def small_data():
     from fedmem.bench.shards import make_clustered_shards
 
     return make_clustered_shards(8, 10, 8, 4, 1.0, np.random.default_rng(31), clusters=4)
+
+
+def _fetch(ray_mod, item):
+    """A packet item as a party gets it: an ObjectRef is fetched, a sealed packet returned by value is itself."""
+    return ray_mod.get(item) if isinstance(item, ray_mod.ObjectRef) else item
 
 
 def test_engine_hands_parties_refs_owned_by_the_hosts(small_data, ray_local, crypten_parties):
@@ -130,8 +136,9 @@ def test_mpc_rounds_and_bytes_are_public_and_carried(small_data, ray_local, cryp
 
 
 def test_engine_object_store_holds_only_ciphertext(small_data, ray_local):
-    """What the hosts put in the object store are SealedPackets: an observer that fetches them
-    (as any code in the cluster can) finds no share bytes; answers equal the ground truth; a
+    """What the hosts hand out (put in the object store, or returned by value when small) are
+    SealedPackets: an observer that fetches them (as any code in the cluster, or the driver, can)
+    finds no share bytes; answers equal the ground truth; a
     packet replaced in the store fails the query closed with nothing booked."""
     import dataclasses
     import pickle
@@ -153,7 +160,7 @@ def test_engine_object_store_holds_only_ciphertext(small_data, ray_local):
             self.seen.append((packets, run_id))
             if self.tamper:
                 packets = [list(p) for p in packets]
-                s = ray_local.get(packets[0][0])
+                s = _fetch(ray_local, packets[0][0])
                 ct = bytearray(s.ciphertext)
                 ct[-1] ^= 1
                 packets[0][0] = ray_local.put(dataclasses.replace(s, ciphertext=bytes(ct)))
@@ -170,7 +177,7 @@ def test_engine_object_store_holds_only_ciphertext(small_data, ray_local):
         assert rid is not None and len(rid) == 16
         for p, row in enumerate(packets):
             for ref in row:
-                s = ray_local.get(ref)              # what anyone reading the object store gets
+                s = _fetch(ray_local, ref)          # what anyone reading the object store (or the driver) gets
                 assert isinstance(s, SealedPacket) and s.party == p and s.run_id == rid
                 plain = spy._keys[p].open(s, rid, p)
                 body = b"".join(np.ascontiguousarray(a).tobytes() for a in (plain.scores, plain.values, plain.valid))
@@ -198,9 +205,24 @@ def test_engine_with_three_parties_sends_two_seeds_and_one_share_packet(small_da
     with Federation(cfg, small_data, accountant=Accountant(), rng=np.random.default_rng(97)) as f:
         uq, keys, rid = f.engine.queries(q), f.parties.public_keys, new_run_id()
         packets = f.engine.packets(uq, "topk", keys, rid)
-        sealed = [[ray_local.get(ref) for ref in row] for row in packets]
+        sealed = [[_fetch(ray_local, ref) for ref in row] for row in packets]
         assert [{s.kind for s in row} for row in sealed] == [{"seed"}, {"seed"}, {"shares"}]
         assert all(s.ciphertext.nbytes == 48 for row in sealed[:2] for s in row)
+        # small sealed packets come back by value (ciphertext), larger ones as refs the hosts put:
+        # B = 4 (all small) and B = 256 (the share packets exceed the bound), both answered exactly
+        kinds = set()
+        for qq in (q, sample_queries(small_data, 256, np.random.default_rng(98))):
+            rid2 = new_run_id()
+            items = f.engine.packets(f.engine.queries(qq), "topk", keys, rid2)
+            for row in items:
+                for item in row:
+                    s = _fetch(ray_local, item)
+                    ref = isinstance(item, ray_local.ObjectRef)
+                    assert ref == (s.ciphertext.nbytes > INLINE_SEALED_BYTES)
+                    kinds.add((ref, s.kind))
+            got = f.parties.run(items, SelectionSpec("topk", k=3), run_id=rid2)
+            np.testing.assert_array_equal(got.tallies, np.stack([t.tallies for t in f.ground_truth_many(qq)]))
+        assert kinds == {(False, "seed"), (False, "shares"), (True, "shares")}
         got = f.parties.run(packets, SelectionSpec("topk", k=3), run_id=rid)
         truth = f.ground_truth_many(q)
         np.testing.assert_array_equal(got.sum, np.stack([t.sum for t in truth]))
