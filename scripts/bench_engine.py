@@ -314,7 +314,14 @@ def fit_impl(a, data, qs, owns):
     least-squares fit of seconds per round and per comparison (mpc.networks.fit_cost_model)."""
     import ray
 
-    from fedmem.federation.mpc.networks import ROUND_S, COMPARISON_S, fit_cost_model, impl_costs, switch_batch
+    from fedmem.federation.mpc.networks import (
+        COMPARISON_S,
+        CONSTANT_ROUNDS_MAX,
+        ROUND_S,
+        fit_cost_model,
+        impl_costs,
+        switch_batch,
+    )
     from fedmem.federation.sharing import SelectionSpec
 
     fed = federation("crypten", data, a.seed + 3)
@@ -343,10 +350,17 @@ def fit_impl(a, data, qs, owns):
     for impl, B, t in points:
         pred = r * costs[impl][0] + c * B * costs[impl][1]
         print(f"  {impl:8s} B={B:4d}  {t:8.4f} s   model {pred:8.4f} s")
+    # where choose_impl's rule would switch to merge with THIS machine's fitted constants
+    def picks(B):
+        ok = {n: r * rc + c * B * cc for n, (rc, cc) in costs.items() if n == "merge" or B * cc <= CONSTANT_ROUNDS_MAX}
+        return min(ok, key=lambda n: (ok[n], n != "grouped"))
+
+    fitted_switch = next((B for B in range(1, 4097) if picks(B) == "merge"), None)
     print(f"fit: ROUND_S = {r:.3g} s, COMPARISON_S = {c:.3g} s  (in the code: {ROUND_S:.3g}, {COMPARISON_S:.3g}; "
-          f"switch to merge from B = {switch_batch(40, 5, 5)} with the code's constants)")
+          f"switch to merge from B = {switch_batch(40, 5, 5)} with the code's constants, from B = {fitted_switch} "
+          f"with these)")
     print("FIT_POINTS = " + repr([(i, B, round(t, 4)) for i, B, t in points]))
-    return {"points": points, "round_s": r, "comparison_s": c}
+    return {"points": points, "round_s": r, "comparison_s": c, "fitted_switch": fitted_switch}
 
 
 def _torch_prg(fed: Federation, q):
