@@ -19,6 +19,7 @@ NOISES = ("gaussian", "laplace")
 CALIBRATIONS = ("global", "realized")
 RECEIPTS = ("expose", "suppress", "noised", "broadcast")
 MPCS = ("crypten", "plaintext")
+MPC_IMPLS = ("auto", "rank", "grouped", "merge")   # fedmem.federation.mpc.networks.IMPLS without the naive baseline
 ON_REJECT = ("raise", "rerun_broadcast")
 _BUDGETS = ("epsilon_budget", "total_epsilon_budget", "support_budget_bits", "total_support_budget_bits")
 
@@ -45,6 +46,9 @@ class FederationConfig:
     parties: int = knob(2, "MPC compute parties (2 or 3 with crypten)", check=at_least(2))
     mpc: str = knob("crypten", "MPC backend: crypten (real secret sharing) or plaintext (bit-identical "
                     "reference)", choices=MPCS)
+    mpc_impl: str = knob("auto", "top-k protocol of the CrypTen parties: auto (a cost model fitted on one "
+                         "machine, docs/federation-mpc.md; scripts/bench_engine.py --fit-impl measures yours), "
+                         "rank, grouped or merge (same output, different speed)", choices=MPC_IMPLS)
     noise: str = knob("gaussian", "central DP noise on the aggregate", choices=NOISES)
     sigma: float = knob(1.2, "noise multiplier (noise std = sigma * sensitivity)", check=positive)
     delta: float = knob(1e-6, "delta of the accountant and of every Gaussian release", check=open_unit)
@@ -84,6 +88,9 @@ class FederationConfig:
         out = []
         if c.mpc == "crypten" and c.parties > 3:
             out.append(("parties", f"must be 2 or 3 with mpc='crypten', found {c.parties}"))
+        if c.mpc_impl != "auto" and c.mpc != "crypten":
+            out.append(("mpc_impl", f"chooses the CrypTen parties' protocol; it needs mpc='crypten', found "
+                                    f"mpc={c.mpc!r} with mpc_impl={c.mpc_impl!r}"))
         if c.k_local > c.records_per_shard:
             out.append(("k_local", f"k_local={c.k_local} exceeds records_per_shard={c.records_per_shard}"))
         cap = c.shards * c.k_local
