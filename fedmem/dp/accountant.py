@@ -311,9 +311,9 @@ class PendingTrial:
     def _compose(self, events, state):
         """``events`` (normalised) composed on a copy of ``state``; kept for an :meth:`add` of the
         same ``events`` object on the same state (a gateway checks, then holds, the same charges)."""
-        t = self._trial
-        if t is not None and t[0] is events and t[1] == self._base and t[2] == len(self.events):
-            return t[3]
+        kept = self._kept_trial(events)
+        if kept is not None:
+            return kept
         normalised = [_normalised(e) for e in events]
         trial = copy_tracks(state)
         for e in normalised:
@@ -322,15 +322,22 @@ class PendingTrial:
         self._trial = (events, self._base, len(self.events), (normalised, trial))
         return self._trial[3]
 
+    def _kept_trial(self, events):
+        """``(normalised events, tracks)`` of the last :meth:`fits` if it composed this same ``events``
+        object on the current kept state (same base, same pending events), else ``None``."""
+        t = self._trial
+        if t is not None and t[0] is events and t[1] == self._base and t[2] == len(self.events):
+            return t[3]
+        return None
+
     def add(self, events) -> None:
         """Hold ``events`` as pending: the trial :meth:`fits` just composed for this same
         ``events`` object becomes the kept copy; otherwise they are composed into the kept copy
         (if one was ever needed: with no finite budget nothing is composed)."""
-        t = self._trial
+        kept = self._kept_trial(events)
         self._trial = None
-        if self._tracks is not None and t is not None and t[0] is events and t[1] == self._base \
-                and t[2] == len(self.events):
-            normalised, self._tracks = t[3]
+        if self._tracks is not None and kept is not None:
+            normalised, self._tracks = kept
             self.events += normalised
             return
         normalised = [_normalised(e) for e in events]
@@ -411,15 +418,13 @@ def book_groups(groups, labels, trace=None) -> tuple[list[list[Booking]], list[f
         for (acc, payload, _), ev in zip(g, evs):
             if not acc._supported(ev):
                 raise TypeError(f"event {payload} cannot be composed by a {acc.kind} accountant.")
-    # group by accountant object (an accountant may appear in several entries)
-    per_acc: dict[int, tuple] = {}
-    for g, evs in zip(pgroups, events):
-        for (acc, _, cap), ev in zip(g, evs):
-            a, aevs, caps = per_acc.get(id(acc), (acc, [], []))
-            aevs.append(ev)
+    # the extra caps of every booked accountant (an accountant may appear in several entries)
+    caps_of: dict[int, list] = {}
+    for g in pgroups:
+        for acc, _, cap in g:
+            caps = caps_of.setdefault(id(acc), [])
             if cap is not None and cap not in caps:
                 caps.append(cap)
-            per_acc[id(acc)] = (a, aevs, caps)
     out: list[list[Booking]] = [[] for _ in groups]
     traced: list[list[tuple[int, float]]] = []
     with store.transaction() as db:
@@ -439,7 +444,8 @@ def book_groups(groups, labels, trace=None) -> tuple[list[list[Booking]], list[f
                     tr.compose(ev)
             if t is not None:
                 traced.append([(trial[id(acc)][0], smallest_epsilon(trial[id(acc)][1], d)) for acc, d in t])
-        for acc, _, caps in per_acc.values():
+        for i, caps in caps_of.items():
+            acc = accs[i]
             for cap in [acc.budget, *caps]:
                 if cap is None or cap[0] == float("inf"):
                     continue
