@@ -168,6 +168,10 @@ class SharePacket:
     def d(self) -> int:
         return self.values.shape[3]
 
+    def value_rows(self, b, s, c) -> np.ndarray:
+        """``values[b, s, c]`` (rows (len(b), d)): what :class:`SeedShares` gives for a seed."""
+        return self.values[np.asarray(b), np.asarray(s), np.asarray(c)]
+
 
 def _encode_candidates(scores, values, valid, shard_ids):
     """Validate one host's padded candidates and encode them: ``(scores, values, valid, ids)`` as int64
@@ -254,6 +258,30 @@ def prg_ring(seed: bytes, n: int) -> np.ndarray:
     return keystream_words(Cipher(algorithms.AES(bytes(seed)), modes.CTR(bytes(16))).encryptor(), n)
 
 
+def prg_words_at(seed: bytes, starts, n: int) -> np.ndarray:
+    """Rows of :func:`prg_ring` ``(seed, ...)`` at arbitrary offsets: ``out[i] = ring[starts[i]:starts[i] + n]``
+    (shape (len(starts), n), int64), without generating the keystream before them.
+
+    Counter mode's block ``j`` is the AES encryption of the 128-bit big-endian counter ``j`` (the
+    all-zero initial counter block of :func:`prg_ring`), so the blocks a row needs are computed
+    directly: one AES-256-ECB call over the counter blocks of every row (random access into CTR;
+    the same words, tested against :func:`prg_ring`)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    if not isinstance(seed, (bytes, bytearray)) or len(seed) != SEED_BYTES:
+        raise ValueError(f"seed must be {SEED_BYTES} bytes. Found {seed!r:.60}.")
+    n = V.positive_int("n", n)
+    starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+    if starts.size and starts.min() < 0:
+        raise ValueError(f"starts must be non-negative word offsets. Found {int(starts.min())}.")
+    nb = n // 2 + 1                       # 16-byte blocks covering n words from an even or an odd offset
+    ctr = np.zeros((starts.size, nb, 2), dtype=">u8")
+    ctr[..., 1] = (starts // 2)[:, None] + np.arange(nb)
+    ks = Cipher(algorithms.AES(bytes(seed)), modes.ECB()).encryptor().update(ctr.tobytes())
+    words = np.frombuffer(ks, dtype="<i8").reshape(starts.size, 2 * nb)
+    return np.take_along_axis(words, (starts % 2)[:, None] + np.arange(n), axis=1).astype(np.int64, copy=False)
+
+
 @dataclass(frozen=True)
 class SeedPacket:
     """A compute party's whole :class:`SharePacket`, compressed to the seed it is generated from.
@@ -283,6 +311,58 @@ class SeedPacket:
 
     def expand(self) -> SharePacket:
         return _packet_from_words(prg_ring(self.seed, _body_words(self.shape)), self.shape, self.shard_ids)
+
+    def rows(self) -> "SeedShares":
+        """The share with its scores and valid flags expanded and its values left in the seed
+        (:class:`SeedShares`: a reader of selected value rows, the plaintext reference's need)."""
+        B, S_h, m, d = self.shape
+        n1 = B * S_h * m
+        if n1 == 0:
+            return SeedShares(self, *(np.zeros((B, S_h, m), dtype=np.int64) for _ in range(2)))
+        sv = prg_words_at(self.seed, [0, n1 + n1 * d], n1)
+        return SeedShares(self, sv[0].reshape(B, S_h, m), sv[1].reshape(B, S_h, m))
+
+
+@dataclass(frozen=True)
+class SeedShares:
+    """A :class:`SeedPacket`'s share read lazily: ``scores`` and ``valid`` (B, S_h, m) expanded,
+    value rows generated on demand (:meth:`value_rows`, random access into the keystream), so
+    a reader of k selected rows per query generates k rows of the ``B S_h m`` (a batch of 100 at
+    20 shards x 5 x 128: 0.5 MB of keystream instead of 10 MB). The same words as
+    :meth:`SeedPacket.expand` (tested)."""
+
+    packet: SeedPacket
+    scores: np.ndarray
+    valid: np.ndarray
+
+    def __repr__(self):   # never print the seed
+        return f"SeedShares(shape={self.packet.shape})"
+
+    @property
+    def shard_ids(self) -> np.ndarray:
+        return np.asarray(self.packet.shard_ids, dtype=np.int64)
+
+    @property
+    def batch(self) -> int:
+        return self.packet.shape[0]
+
+    @property
+    def m(self) -> int:
+        return self.packet.shape[2]
+
+    @property
+    def d(self) -> int:
+        return self.packet.shape[3]
+
+    def value_rows(self, b, s, c) -> np.ndarray:
+        """``values[b, s, c]`` of the expanded packet (rows (len(b), d))."""
+        B, S_h, m, d = self.packet.shape
+        b, s, c = (np.asarray(x, dtype=np.int64).reshape(-1) for x in (b, s, c))
+        if b.size == 0 or d == 0:
+            return np.zeros((b.size, d), dtype=np.int64)
+        if b.min() < 0 or b.max() >= B or s.min() < 0 or s.max() >= S_h or c.min() < 0 or c.max() >= m:
+            raise IndexError(f"rows must lie in (B, S_h, m) = {(B, S_h, m)}.")
+        return prg_words_at(self.packet.seed, B * S_h * m + ((b * S_h + s) * m + c) * d, d)
 
 
 def _body_words(shape) -> int:
@@ -520,12 +600,13 @@ class PartyKey:
     def __reduce__(self):   # never pickled: the private key stays in its process
         raise TypeError("PartyKey holds a private key and cannot be pickled.")
 
-    def open(self, sealed, run_id: bytes, party: int) -> SharePacket:
+    def open(self, sealed, run_id: bytes, party: int, *, lazy: bool = False) -> SharePacket | SeedShares:
         """Decrypt a packet sealed to this key for run ``run_id`` and rank ``party``.
 
         Fails closed: a packet of another run or party, a wrong key, or any modified byte
         (ciphertext, ids, shape, kind, ephemeral key) raises ``ValueError`` and yields nothing.
-        A seed packet (``kind="seed"``) is expanded here: the caller always gets the shares."""
+        A seed packet (``kind="seed"``) is expanded here: the caller gets the shares, or with
+        ``lazy=True`` a :class:`SeedShares` (value rows generated on demand)."""
         from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
@@ -549,7 +630,8 @@ class PartyKey:
         if sealed.kind == "seed":
             if len(body) != SEED_BYTES:
                 raise ValueError("sealed packet failed authentication (size does not match its kind); refused.")
-            return SeedPacket(body, shape, ids).expand()
+            seed = SeedPacket(body, shape, ids)
+            return seed.rows() if lazy else seed.expand()
         flat = np.frombuffer(body, dtype="<i8").astype(np.int64, copy=False)
         if flat.size != _body_words(shape):
             raise ValueError("sealed packet failed authentication (size does not match its shape); refused.")

@@ -238,3 +238,57 @@ def test_prg_ring_is_the_aes_ctr_keystream():
     assert prg_ring(seed, 0).shape == (0,)
     with pytest.raises(ValueError, match="seed must be 32 bytes"):
         prg_ring(b"\0" * 16, 4)
+
+
+def test_prg_words_at_reads_the_ctr_keystream_at_any_offset():
+    """prg_words_at(seed, starts, n): rows of prg_ring at arbitrary (even and odd) word offsets, past the
+    2^32-block boundary of a 32-bit counter too, and 0-length starts; bad arguments refused."""
+    from fedmem.federation.sharing import prg_ring, prg_words_at
+
+    seed = bytes(range(32))
+    ring = prg_ring(seed, 4000)
+    rng = np.random.default_rng(5)
+    starts = np.concatenate([[0, 1, 2, 3], rng.integers(0, 3800, 60)])
+    for n in (1, 2, 3, 128, 129):
+        np.testing.assert_array_equal(prg_words_at(seed, starts, n), np.stack([ring[a:a + n] for a in starts]))
+    # block 2^32 and on: the counter is the whole 128-bit block, not a 32-bit word (a direct CTR check)
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    far = 2 * (2**32 - 1) + 1      # odd word offset in the last block below 2^32: the row crosses into 2^32
+    ref = Cipher(algorithms.AES(seed), modes.CTR((2**32 - 1).to_bytes(16, "big"))).encryptor().update(bytes(48))
+    np.testing.assert_array_equal(prg_words_at(seed, [far], 5)[0], np.frombuffer(ref, dtype="<i8")[1:6])
+    assert prg_words_at(seed, [], 4).shape == (0, 4)
+    with pytest.raises(ValueError, match="starts must be non-negative"):
+        prg_words_at(seed, [-1], 2)
+    with pytest.raises(ValueError, match="seed must be 32 bytes"):
+        prg_words_at(b"x", [0], 2)
+
+
+def test_seed_shares_read_the_rows_an_expanded_seed_holds():
+    """SeedPacket.rows(): scores and valid equal the expanded packet's and value_rows(b, s, c) equals its
+    values[b, s, c] for random rows (odd and even d); a sealed seed opened with lazy=True gives the same; a
+    SeedShares is refused where whole value arrays are needed (assemble(values=True)); the seed is never
+    printed."""
+    from fedmem.federation.mpc.layout import assemble
+    from fedmem.federation.sharing import PartyKey, SeedPacket, SeedShares, new_run_id, seal_packet
+
+    rng = np.random.default_rng(6)
+    for shape in ((3, 4, 5, 7), (2, 3, 2, 128), (1, 1, 1, 1)):
+        sp = SeedPacket(rng.bytes(32), shape, np.arange(shape[1]) + 10)
+        full, lazy = sp.expand(), sp.rows()
+        np.testing.assert_array_equal(lazy.scores, full.scores)
+        np.testing.assert_array_equal(lazy.valid, full.valid)
+        B, S, m, d = shape
+        b, s, c = rng.integers(0, B, 40), rng.integers(0, S, 40), rng.integers(0, m, 40)
+        np.testing.assert_array_equal(lazy.value_rows(b, s, c), full.values[b, s, c])
+        np.testing.assert_array_equal(full.value_rows(b, s, c), full.values[b, s, c])
+        assert lazy.value_rows(b[:0], s[:0], c[:0]).shape == (0, d)
+        with pytest.raises(IndexError):
+            lazy.value_rows([B], [0], [0])
+    key, rid = PartyKey(), new_run_id()
+    opened = key.open(seal_packet(sp, key.public, rid, 0), rid, 0, lazy=True)
+    assert isinstance(opened, SeedShares) and "seed" not in repr(opened).replace("SeedShares", "")
+    np.testing.assert_array_equal(opened.value_rows([0], [0], [0]), sp.expand().values[[0], [0], [0]])
+    np.testing.assert_array_equal(assemble([opened], values=False)[0], full.scores.reshape(1, -1))
+    with pytest.raises(TypeError, match="SharePacket"):
+        assemble([opened])

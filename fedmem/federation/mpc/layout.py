@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from fedmem.errors import MpcFailure
-from fedmem.federation.sharing import SealedPacket, SelectionSpec, SharePacket
+from fedmem.federation.sharing import SealedPacket, SeedShares, SelectionSpec, SharePacket
 
 
 def assemble(packets: Sequence[SharePacket], *, values: bool = True):
@@ -17,14 +17,17 @@ def assemble(packets: Sequence[SharePacket], *, values: bool = True):
     Returns ``(scores (B, N), values (B, N, d), valid (B, N), shard_ids (S,), m)`` with
     flat candidate index ``j = s * m + c`` (``s`` = position of the shard in ascending
     global id order, ``c`` = candidate index within the shard). ``values=False`` leaves the
-    values where they are (``None`` in their place; :func:`value_rows` reads selected rows).
+    values where they are (``None`` in their place; :func:`value_rows` reads selected rows) and
+    also takes :class:`~fedmem.federation.sharing.SeedShares`.
     """
     packets = list(packets)
     if not packets:
         raise ValueError("packets must hold at least one SharePacket per party. Found [].")
+    kinds = SharePacket if values else (SharePacket, SeedShares)   # a SeedShares has no values array
     for p in packets:
-        if not isinstance(p, SharePacket):
-            raise TypeError(f"packets must be SharePacket objects. Found {type(p).__name__}.")
+        if not isinstance(p, kinds):
+            raise TypeError(f"packets must be SharePacket objects{'' if values else ' or SeedShares'}. "
+                            f"Found {type(p).__name__}.")
     B, m, d = packets[0].batch, packets[0].m, packets[0].d
     for p in packets[1:]:
         if (p.batch, p.m, p.d) != (B, m, d):
@@ -56,14 +59,14 @@ def value_rows(packets: Sequence[SharePacket], b_idx: np.ndarray, n_idx: np.ndar
     packets = list(packets)
     m = packets[0].m
     order = _shard_order(packets)
-    starts = np.cumsum([0] + [p.values.shape[1] for p in packets])
+    starts = np.cumsum([0] + [len(p.shard_ids) for p in packets])
     g = order[np.asarray(n_idx) // m]                       # shard's position in the hosts' concatenation
     c = np.asarray(n_idx) % m
     h = np.searchsorted(starts, g, side="right") - 1      # its host
     out = np.empty((len(g), packets[0].d), dtype=np.int64)
     for i, p in enumerate(packets):   # every host, selected rows or none (no branch on which hosts were selected)
         sel = np.nonzero(h == i)[0]
-        out[sel] = p.values[np.asarray(b_idx)[sel], g[sel] - starts[i], c[sel]]
+        out[sel] = p.value_rows(np.asarray(b_idx)[sel], g[sel] - starts[i], c[sel])
     return out
 
 
@@ -117,13 +120,14 @@ def _check_spec(spec):
         raise TypeError(f"spec must be a SelectionSpec. Found {type(spec).__name__}.")
 
 
-def _unseal(packets, key, run_id: bytes | None, rank: int):
+def _unseal(packets, key, run_id: bytes | None, rank: int, *, lazy: bool = False):
     """Open one party's fetched packets with its :class:`~fedmem.federation.sharing.PartyKey`.
 
     With a ``run_id`` (the engine's sealed path) every packet must be a
     :class:`~fedmem.federation.sharing.SealedPacket` for this run and rank, and open under
     this party's key; anything else (a plaintext packet, another run's or party's packet, a
-    modified byte) raises :class:`~fedmem.errors.MpcFailure`: fail closed. Without one
+    modified byte) raises :class:`~fedmem.errors.MpcFailure`: fail closed. ``lazy``: seed packets
+    open as :class:`~fedmem.federation.sharing.SeedShares` (:meth:`PartyKey.open`). Without one
     (direct use with in-memory packets) sealed packets are refused, plaintext ones pass."""
     packets = list(packets)
     if run_id is None:
@@ -133,6 +137,6 @@ def _unseal(packets, key, run_id: bytes | None, rank: int):
     if key is None:
         raise MpcFailure("this party has no key to open sealed packets; no output was computed.")
     try:
-        return [key.open(p, run_id, rank) for p in packets]
+        return [key.open(p, run_id, rank, lazy=lazy) for p in packets]
     except ValueError as exc:
         raise MpcFailure(f"sealed share packet refused: {exc}") from None

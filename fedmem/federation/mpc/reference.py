@@ -53,7 +53,8 @@ class PlaintextParties(Parties):
         ``ObjectRef`` to one; refs are fetched here); sealed to party p when ``run_id`` is given."""
         _check_spec(spec)
         t0 = time.perf_counter()
-        per = [_unseal(_resolve(p), self._keys[r], run_id, r)
+        # seeds open lazily: only the selected value rows of a seed's share are ever generated
+        per = [_unseal(_resolve(p), self._keys[r], run_id, r, lazy=True)
                for r, p in enumerate(_check_packets(packets, self.n_parties))]
         per = _check_packets(per, self.n_parties)
         parts = [assemble(p, values=False) for p in per]
