@@ -256,7 +256,7 @@ class Federation(CapabilityService):
         ids = gw.register(pids, fams, retries)
         decisions: list[Decision] = []
         try:
-            decisions = [gw.decide(ids[b], pids[b], fams[b], retries[b], self.plans) for b in range(B)]
+            decisions = gw.decide_many(ids, pids, fams, retries, self.plans)
             rels: dict[int, Release] = {}
             mpcs: dict[int, dict] = {}
             for route in ("primary", "fallback"):

@@ -321,6 +321,60 @@ class Gateway:
             return Decision(query_id, principal, family, retry_of, route, tuple(reasons))
         return Decision(query_id, principal, family, retry_of, None, tuple(reasons))
 
+    def decide_many(self, query_ids, principals, families, retries, plans: dict[str, ReleasePlan]) -> list[Decision]:
+        """:meth:`decide` for every query of a batch, in order: the same decisions, the same pending
+        charges afterwards.
+
+        Fast path, for RDP ledgers: when every charge of the batch's chargeable queries (issued
+        principal, booked retry) by the primary route fits all together (one trial composition
+        per ledger: its pending charges, then each query's charges in batch order, as
+        :meth:`decide` would hold them), every such query is admitted by the primary route and
+        the trial becomes the pending state. The decisions are :meth:`decide`'s because an RDP
+        accountant's epsilon never decreases when an event is composed (every order's curve only
+        grows in floating point too, and the conversion to epsilon, the exact sums and the
+        leftover delta are monotone), so each query's prefix fits when the whole batch does.
+        Otherwise (a budget binds within the batch, a PLD ledger whose discretised epsilon is not
+        provably monotone, an unbookable primary plan) query by query with :meth:`decide`.
+        Saves a trial copy, a ledger read and an epsilon per ledger per query (8 of 75 ms of a
+        plaintext batch of 100, ``scripts/bench_engine.py``)."""
+        query_ids, principals, families, retries = (list(x) for x in (query_ids, principals, families, retries))
+        if not len(query_ids) == len(principals) == len(families) == len(retries):
+            raise ValueError(f"query_ids, principals, families and retries must have one entry per query. Found "
+                             f"{len(query_ids)}, {len(principals)}, {len(families)} and {len(retries)}.")
+        rows = list(zip(query_ids, principals, families, retries))
+        fast = self._decide_all_primary(rows, plans)
+        if fast is not None:
+            return fast
+        return [self.decide(q, p, f, r, plans) for q, p, f, r in rows]
+
+    def _decide_all_primary(self, rows, plans) -> list[Decision] | None:
+        """The fast path of :meth:`decide_many`; ``None`` (nothing held) when it does not apply."""
+        plan = plans.get("primary")
+        if self.accountant.kind != "rdp" or plan is None or (self.enabled and not plan.bookable):
+            return None
+        out, charged = [], {}     # ledger name -> (pending trial, cap, [events of each charge, in order])
+        for q, p, f, r in rows:
+            if p == UNISSUED:
+                out.append(Decision(q, p, f, r, None, ("unissued_principal",)))
+                continue
+            if r is not None and not self.issued(r):
+                out.append(Decision(q, p, f, r, None, ("retry_unbooked",)))
+                continue
+            for acc, events, cap, _ in self._caps(p, plan):
+                trial = self._pending_of(acc)
+                if trial.accountant.kind != "rdp":
+                    return None
+                entry = charged.setdefault(acc.name, (trial, cap, []))
+                if entry[1] != cap:    # one cap per ledger (it is the gateway's own setting)
+                    return None
+                entry[2].extend(events)
+            out.append(Decision(q, p, f, r, "primary", ()))
+        if any(not trial.fits(events, cap) for trial, cap, events in charged.values()):
+            return None
+        for trial, _, events in charged.values():
+            trial.add(events)      # adopts the trial fits() just composed
+        return out
+
     def _pending_of(self, acc: Accountant) -> PendingTrial:
         """The pending charges of ``acc``'s ledger (by name: one ledger however many objects open it)."""
         p = self._pending.get(acc.name)

@@ -193,6 +193,93 @@ def test_batch_decisions_equal_fits_on_the_whole_pending_list(fallback, writer_s
     assert None in got and "primary" in got and (not fallback or "fallback" in got)
 
 
+def _sequential(g, ids, pids, fams, retries, plans):
+    return [g.decide(q, p, f, r, plans) for q, p, f, r in zip(ids, pids, fams, retries)]
+
+
+def _check_decide_many(decide_many, kind="rdp"):
+    """``decide_many`` against query-by-query ``decide`` on identical worlds (3 principals, an unissued
+    one, a retry of an unknown query, per-principal/total/support budgets, with and without a fallback
+    route), budgets from loose (the whole batch fits) to binding (refusals and fallbacks occur): the
+    same decisions, and the same spend once every admission is booked. Returns how many of the
+    batches were decided without any per-query ``decide`` (the fast path)."""
+    from fedmem.federation.gateway import UNISSUED
+
+    primary = plan(receipts="noised", receipt_sigma=6.0, selection="topk", k=2, public_count=2, sigma=3.0)
+    fast = 0
+    for fallback in (False, True):
+        plans = {"primary": primary}
+        if fallback:
+            plans["fallback"] = plan(receipts="broadcast", selection="broadcast", sigma=3.0)
+        for scale in (100.0, 1.0, 0.4):
+            spent = []
+            for how in ("sequential", "many"):
+                g = gw(Accountant(kind, store=DurableStore(None)), epsilon_budget=4.0 * scale,
+                       total_epsilon_budget=7.0 * scale, support_budget_bits=2.0 * scale,
+                       total_support_budget_bits=5.0 * scale)
+                pids = [g.new_principal().label for _ in range(3)]
+                got = []
+                for batch in range(3):     # three batches: the later ones start from booked spend
+                    who = [pids[i % 3] for i in range(20)]
+                    who[5] = UNISSUED
+                    ids = g.register(who, ["f"] * 20, [None] * 20)
+                    retries = [None] * 20
+                    retries[9] = 10**6      # never issued
+                    if how == "many":
+                        calls = []
+                        real = g.decide
+                        g.decide = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+                        ds = decide_many(g, ids, who, ["f"] * 20, retries, plans)
+                        del g.decide
+                        fast += not calls
+                    else:
+                        ds = _sequential(g, ids, who, ["f"] * 20, retries, plans)
+                    admitted = [d for d in ds if d.admitted]
+                    booked = not admitted or g.book_many(
+                        [(d, plans[d.route], f"q{d.query_id}") for d in admitted]) is not None
+                    got.append(([(d.query_id, d.route, d.reasons) for d in ds], booked))
+                    g.clear_pending()
+                spent.append((got, [g.principal_spent(p) for p in pids], [g.support_bits(p) for p in pids],
+                              g.accountant.spent(DELTA), g.support_bits(None)))
+            assert spent[0] == spent[1], (kind, fallback, scale)
+            assert all(booked for _, booked in spent[0][0])   # decide's admissions always book
+            routes = [r for batch, _ in spent[0][0] for _, r, _ in batch]
+            if scale < 100:   # binding: more than the two uniform refusals per batch, or fallbacks
+                assert routes.count(None) > 6 or "fallback" in routes
+            else:             # loose: only those
+                assert routes.count(None) == 6 and "fallback" not in routes
+    return fast
+
+
+def test_decide_many_equals_deciding_query_by_query():
+    """Gateway.decide_many gives decide()'s decisions and spend (see _check_decide_many); the loose
+    batches take the fast path (no per-query decide). A PLD gateway never takes it (its discretised
+    epsilon is not provably monotone): every query goes through decide."""
+    assert _check_decide_many(lambda g, *a: g.decide_many(*a), "rdp") > 0
+    g = gw(Accountant("pld"), epsilon_budget=50.0)
+    calls, real = [], g.decide
+    g.decide = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    pid = g.new_principal().label
+    ds = g.decide_many(g.register(pid, ["f"] * 3, [None] * 3), [pid] * 3, ["f"] * 3, [None] * 3,
+                       {"primary": plan(selection="topk", k=2, public_count=2, sigma=3.0)})
+    assert len(calls) == 3 and all(d.route == "primary" for d in ds)
+
+
+def test_decide_many_check_catches_a_fast_path_that_checks_only_the_first_query():
+    """Companion: a fast path that admits the whole batch when its first chargeable query fits (a missing
+    charge for the rest) is caught by the same check, in the binding batches."""
+    def broken(g, ids, pids, fams, retries, plans):
+        first = g.decide(ids[0], pids[0], fams[0], retries[0], plans)
+        if first.route != "primary":
+            return _sequential(g, ids, pids, fams, retries, plans)
+        rest = g.decide_many(ids[1:], pids[1:], fams[1:], retries[1:], {"primary": plans["primary"]})
+        return [first] + [type(d)(d.query_id, d.principal, d.family, d.retry_of, "primary", ())
+                          if d.reasons[:1] not in (("unissued_principal",), ("retry_unbooked",)) else d for d in rest]
+
+    with pytest.raises(AssertionError, match="rdp"):
+        _check_decide_many(broken, "rdp")
+
+
 # ------------------------------------------------------------------ epsilon budgets
 def test_epsilon_budget_per_principal_and_total():
     p = plan(selection="topk", k=2, public_count=2, sigma=2.0)
