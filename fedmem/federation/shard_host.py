@@ -195,8 +195,10 @@ class ShardHostCore:
     def info(self) -> dict:
         import sys
 
+        from fedmem import _malloc
+
         return {"pid": os.getpid(), "shards": int(len(self.shard_ids)), "torch_loaded": "torch" in sys.modules,
-                "generated": self.generated}
+                "generated": self.generated, "malloc_kept": _malloc.KEPT}
 
     def ping(self) -> bool:
         return True
@@ -204,6 +206,12 @@ class ShardHostCore:
 
 class _HostActor(ShardHostCore):
     """Ray actor wrapper: multi-return ``candidates`` (one object per party)."""
+
+    def __init__(self, *args, **kw):
+        from fedmem._malloc import keep_freed_memory
+
+        keep_freed_memory()   # a host's batch arrays stay in its heap between batches (fedmem._malloc)
+        super().__init__(*args, **kw)
 
     def load(self, shard_ids, keys, values, **kw) -> bool:
         """Become a new host of other shards (a pooled actor, :mod:`fedmem.federation.host_pool`):

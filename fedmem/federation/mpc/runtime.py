@@ -33,6 +33,9 @@ class _CryptenParty:
     """
 
     def __init__(self, rank: int, world_size: int, provider: str, threads: int):
+        from fedmem._malloc import keep_freed_memory
+
+        keep_freed_memory()   # the protocol's tensors stay in this party's heap between batches (fedmem._malloc)
         self.rank, self.world_size, self.provider = rank, world_size, provider
         self._loaded = None
         self._key = PartyKey()   # X25519 key pair made here: the private key never leaves this process
