@@ -81,6 +81,10 @@ def _ray():
     return ray
 
 
+SHARED_QUERIES_BYTES = 64 * 1024
+"""Above this size a batch's query array is put in the object store once and every host reads that
+object; a smaller one travels inside each host call (Ray inlines arguments up to 100 KiB)."""
+
 POOLED_LOAD_TIMEOUT_S = 10.0
 """How long a federation waits for a pooled host to load its shards before it replaces it by a new
 actor (a pooled host answers in milliseconds unless it is dead or still busy)."""
@@ -300,7 +304,9 @@ class Engine:
         self._heal_hosts()
         P, T = self.config.parties, self.config.timeout_s
         try:
-            metas = ray.get([h.candidates_refs.remote(q, mode, keys, run_id) for h in self._hosts], timeout=T)
+            # a batch's queries (public) put once for every host instead of serialised into each call
+            qa = ray.put(q) if q.nbytes > SHARED_QUERIES_BYTES and len(self._hosts) > 1 else q
+            metas = ray.get([h.candidates_refs.remote(qa, mode, keys, run_id) for h in self._hosts], timeout=T)
             if any(len(m["refs"]) != P for m in metas):
                 raise ValueError(f"every shard host must return one packet per party ({P}).")
         except Exception as exc:  # noqa: BLE001 - dead host, timeout, host error: fail closed

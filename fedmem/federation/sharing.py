@@ -38,6 +38,7 @@ is fixed and independent of the data: support-safe, papers/003 Conditions of Val
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -402,15 +403,19 @@ def share_encoded_seeded(scores, values, valid, shard_ids, n_parties: int, rng: 
                          f"{ok.dtype} {ok.shape}.")
     ids = np.asarray(shard_ids, dtype=np.int64)
     shape = (*s.shape, v.shape[3])
-    out, last = [], [s.copy(), v.copy(), ok.copy()]
+    # the last share is written straight into one flat body (scores, values, valid: the sealed layout),
+    # so sealing it copies nothing more (seal_packet) and x is read once, not copied first
+    last = _packet_from_words(np.empty(_body_words(shape), dtype=np.int64), shape, ids)
+    out = []
     with np.errstate(over="ignore"):
-        for _ in range(n - 1):
+        for i in range(n - 1):
             sp = SeedPacket(rng.bytes(SEED_BYTES), shape, ids)
             mine = sp.expand()
-            for acc, x in zip(last, (mine.scores, mine.values, mine.valid)):
-                acc -= x
+            for acc, x, ks in zip((last.scores, last.values, last.valid), (s, v, ok),
+                                  (mine.scores, mine.values, mine.valid)):
+                np.subtract(x if i == 0 else acc, ks, out=acc)
             out.append(sp if compress else mine)
-    return [*out, SharePacket(scores=last[0], values=last[1], valid=last[2], shard_ids=ids)]
+    return [*out, last]
 
 
 def share_candidates_seeded(scores, values, valid, shard_ids, n_parties: int, rng: np.random.Generator, *,
@@ -553,6 +558,27 @@ class SealedPacket:
     kind: str = "shares"
 
 
+def _flat_body(packet: SharePacket) -> memoryview | None:
+    """The packet's body as bytes without a copy when its scores, values and valid are consecutive
+    C-contiguous little-endian pieces of one buffer, in that order (what :func:`share_encoded_seeded`
+    and :func:`_packet_from_words` build); else ``None``."""
+    parts = (packet.scores, packet.values, packet.valid)
+    base = packet.scores.base
+    if (sys.byteorder != "little" or not isinstance(base, np.ndarray) or base.dtype != np.int64 or base.ndim != 1
+            or not base.flags.c_contiguous):
+        return None
+    if any(a.base is not base or not a.flags.c_contiguous for a in parts):
+        return None
+    at = base.ctypes.data
+    for a in parts:
+        if a.ctypes.data != at:
+            return None
+        at += a.nbytes
+    if at != base.ctypes.data + base.nbytes:
+        return None
+    return memoryview(base).cast("B")
+
+
 def seal_packet(packet: SharePacket | SeedPacket, party_public: bytes, run_id: bytes, party: int, *,
                 aead: str = SEAL_AEAD) -> SealedPacket:
     """Encrypt ``packet`` to the party whose raw X25519 public key is ``party_public``.
@@ -580,8 +606,10 @@ def seal_packet(packet: SharePacket | SeedPacket, party_public: bytes, run_id: b
     else:
         B, S_h, m = packet.scores.shape
         kind, shape = "shares", (B, S_h, m, packet.d)
-        body = memoryview(np.concatenate([np.asarray(a, dtype="<i8").reshape(-1)
-                                          for a in (packet.scores, packet.values, packet.valid)])).cast("B")
+        body = _flat_body(packet)
+        if body is None:
+            body = memoryview(np.concatenate([np.asarray(a, dtype="<i8").reshape(-1)
+                                              for a in (packet.scores, packet.values, packet.valid)])).cast("B")
     ct = _aead(aead, key).encrypt(nonce, body, _aad(run_id, party, shape, ids, aead, kind))
     return SealedPacket(run_id=bytes(run_id), party=int(party), shard_ids=ids, shape=shape, epk=epk,
                         ciphertext=np.frombuffer(ct, dtype=np.uint8), aead=aead, kind=kind)

@@ -240,6 +240,34 @@ def test_prg_ring_is_the_aes_ctr_keystream():
         prg_ring(b"\0" * 16, 4)
 
 
+def test_the_last_share_is_one_flat_body_sealed_without_a_copy():
+    """share_encoded_seeded writes the last party's share as one flat buffer (scores, values, valid), which
+    seal_packet encrypts as it is; a packet of separate arrays (or out of order) is concatenated first; both
+    open to the same shares, and the shares still reconstruct the secret (n = 2 and 3)."""
+    from fedmem.federation.sharing import (PartyKey, _flat_body, new_run_id, seal_packet, share_encoded_seeded)
+
+    rng = np.random.default_rng(7)
+    s, v = encode(rng.uniform(-1, 1, (3, 4, 2))), encode(rng.normal(size=(3, 4, 2, 5)))
+    ok = (rng.uniform(size=(3, 4, 2)) < 0.6).astype(np.int64)
+    for n in (2, 3):
+        pk = share_encoded_seeded(s, v, ok, np.arange(4), n, np.random.default_rng(8), compress=False)
+        last = pk[-1]
+        body = _flat_body(last)
+        assert body is not None and body.nbytes == 8 * (2 * 24 + 24 * 5)
+        np.testing.assert_array_equal(reconstruct([p.values for p in pk]), v)
+        np.testing.assert_array_equal(reconstruct([p.scores for p in pk]), s)
+        np.testing.assert_array_equal(reconstruct([p.valid for p in pk]), ok)
+        apart = SharePacket(scores=last.scores.copy(), values=last.values.copy(), valid=last.valid.copy(),
+                            shard_ids=last.shard_ids)
+        swapped = SharePacket(scores=last.valid, values=last.values, valid=last.scores, shard_ids=last.shard_ids)
+        assert _flat_body(apart) is None and _flat_body(swapped) is None
+        key, rid = PartyKey(), new_run_id()
+        for p in (last, apart):
+            got = key.open(seal_packet(p, key.public, rid, n - 1), rid, n - 1)
+            for f in ("scores", "values", "valid"):
+                np.testing.assert_array_equal(getattr(got, f), getattr(last, f))
+
+
 def test_prg_words_at_reads_the_ctr_keystream_at_any_offset():
     """prg_words_at(seed, starts, n): rows of prg_ring at arbitrary (even and odd) word offsets, past the
     2^32-block boundary of a 32-bit counter too, and 0-length starts; bad arguments refused."""
