@@ -133,15 +133,16 @@ def local_candidates(q: np.ndarray, K: np.ndarray, Vv: np.ndarray, M: np.ndarray
 
 
 def encoded_candidates(q: np.ndarray, K: np.ndarray, Venc: np.ndarray, M: np.ndarray, k_local: int,
-                       mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                       mode: str, *, widen: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`local_candidates` as ring elements, from values encoded once (:func:`encode_values`):
-    ``encode(scores)``, the selected rows of ``Venc`` (padding rows 0; widened to int64) and ``valid``,
-    all int64.
+    ``encode(scores)``, the selected rows of ``Venc`` (padding rows 0; widened to int64, or with
+    ``widen=False`` in ``Venc``'s own integer type: the same integers, which the host's sharing reads
+    as they are) and ``valid``, int64.
     Equal to encoding :func:`local_candidates`' output (the clipping factor of a record is the same
     float whichever path multiplies it; tested)."""
     scores, valid, order, ok = _local_top(q, K, M, k_local, mode)
     B, S_h, kk = order.shape
-    values = np.zeros((B, S_h, k_local, Venc.shape[2]), dtype=np.int64)
+    values = np.zeros((B, S_h, k_local, Venc.shape[2]), dtype=np.int64 if widen else Venc.dtype)
     values[..., :kk, :] = Venc[np.arange(S_h)[None, :, None], order]
     if not ok.all():
         values[..., :kk, :][~ok] = 0
@@ -183,7 +184,7 @@ class ShardHostCore:
         q = np.asarray(q, dtype=np.float64)
         if q.ndim != 2 or q.shape[1] != self.K.shape[2]:
             raise ValueError(f"q must have shape (B, {self.K.shape[2]}). Found {q.shape}.")
-        s, v, ok = encoded_candidates(q, self.K, self.Venc, self.M, self.k_local, mode)
+        s, v, ok = encoded_candidates(q, self.K, self.Venc, self.M, self.k_local, mode, widen=False)
         return share_encoded_seeded(s, v, ok, self.shard_ids, self.n_parties, self._rng, compress=compress)
 
     def plain_candidates(self, q, mode: str):

@@ -386,7 +386,8 @@ def _packet_from_words(flat: np.ndarray, shape, shard_ids) -> SharePacket:
 def share_encoded_seeded(scores, values, valid, shard_ids, n_parties: int, rng: np.random.Generator, *,
                          compress: bool = True) -> list:
     """Additive shares of already-encoded ring elements (int64 ``scores`` (B, S_h, m), ``values``
-    (B, S_h, m, d), ``valid`` (B, S_h, m)): parties ``0..n-2`` get a :class:`SeedPacket` (a fresh
+    (B, S_h, m, d; int64, or int32 holding the same integers: a host's encoded values), ``valid``
+    (B, S_h, m)): parties ``0..n-2`` get a :class:`SeedPacket` (a fresh
     32-byte seed drawn from ``rng``; their share is its AES-256-CTR keystream), the last party
     the :class:`SharePacket` ``x - sum of the others`` (mod 2^64). ``compress=False`` returns the
     first ``n-1`` as the expanded :class:`SharePacket` instead (the same shares).
@@ -397,8 +398,10 @@ def share_encoded_seeded(scores, values, valid, shard_ids, n_parties: int, rng: 
     n = V.positive_int("n_parties", n_parties, minimum=2)
     V.rng_check("rng", rng)
     s, v, ok = (np.asarray(a) for a in (scores, values, valid))
-    if any(a.dtype != np.int64 for a in (s, v, ok)) or s.ndim != 3 or v.shape[:3] != s.shape or ok.shape != s.shape:
-        raise ValueError(f"scores, values and valid must be int64 ring elements of shapes (B, S_h, m), "
+    if (s.dtype != np.int64 or ok.dtype != np.int64 or v.dtype not in (np.int64, np.int32) or s.ndim != 3
+            or v.ndim != 4 or v.shape[:3] != s.shape or ok.shape != s.shape):
+        raise ValueError(f"scores, values and valid must be int64 ring elements (values may be int32) of shapes "
+                         f"(B, S_h, m), "
                          f"(B, S_h, m, d), (B, S_h, m). Found {s.dtype} {s.shape}, {v.dtype} {v.shape}, "
                          f"{ok.dtype} {ok.shape}.")
     ids = np.asarray(shard_ids, dtype=np.int64)
