@@ -514,6 +514,8 @@ def new_run_id() -> bytes:
 
 
 KINDS = ("shares", "seed")
+TAG_BYTES = 16
+"""Authentication tag of both AEADs (appended to every ciphertext)."""
 """What a sealed body holds: the shares themselves, or the 32-byte seed of a :class:`SeedPacket`."""
 
 
@@ -631,13 +633,20 @@ class PartyKey:
     def __reduce__(self):   # never pickled: the private key stays in its process
         raise TypeError("PartyKey holds a private key and cannot be pickled.")
 
-    def open(self, sealed, run_id: bytes, party: int, *, lazy: bool = False) -> SharePacket | SeedShares:
+    def open(self, sealed, run_id: bytes, party: int, *, lazy: bool = False,
+             into: np.ndarray | None = None) -> SharePacket | SeedShares:
         """Decrypt a packet sealed to this key for run ``run_id`` and rank ``party``.
 
         Fails closed: a packet of another run or party, a wrong key, or any modified byte
         (ciphertext, ids, shape, kind, ephemeral key) raises ``ValueError`` and yields nothing.
         A seed packet (``kind="seed"``) is expanded here: the caller gets the shares, or with
-        ``lazy=True`` a :class:`SeedShares` (value rows generated on demand)."""
+        ``lazy=True`` a :class:`SeedShares` (value rows generated on demand).
+
+        ``into``: a writable uint8 array the shares of a ``kind="shares"`` packet are decrypted
+        into when it is large enough (the returned packet's arrays are views of it, valid until
+        the caller reuses it); otherwise a new buffer. A caller that opens packets of the same
+        size batch after batch keeps one (each fresh 10 MB buffer is 2,560 pages the kernel maps
+        in again)."""
         from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
@@ -653,8 +662,13 @@ class PartyKey:
                 raise ValueError("malformed header")
             key, nonce = _seal_keys(self._sk.exchange(X25519PublicKey.from_public_bytes(bytes(sealed.epk))),
                                     bytes(sealed.epk), self.public)
-            body = _aead(sealed.aead, key).decrypt(nonce, sealed.ciphertext, _aad(run_id, party, shape, ids,
-                                                                                   sealed.aead, sealed.kind))
+            aead, aad = _aead(sealed.aead, key), _aad(run_id, party, shape, ids, sealed.aead, sealed.kind)
+            n = len(sealed.ciphertext) - TAG_BYTES
+            if into is not None and sealed.kind == "shares" and 0 < n <= into.nbytes:
+                body = into[:n]
+                aead.decrypt_into(nonce, sealed.ciphertext, aad, body)
+            else:
+                body = aead.decrypt(nonce, sealed.ciphertext, aad)
         except (InvalidTag, ValueError, TypeError) as exc:
             raise ValueError("sealed packet failed authentication (tampered, replayed or not for this party); "
                              "refused.") from exc
@@ -663,6 +677,8 @@ class PartyKey:
                 raise ValueError("sealed packet failed authentication (size does not match its kind); refused.")
             seed = SeedPacket(body, shape, ids)
             return seed.rows() if lazy else seed.expand()
+        if len(body) % 8:
+            raise ValueError("sealed packet failed authentication (size does not match its shape); refused.")
         flat = np.frombuffer(body, dtype="<i8").astype(np.int64, copy=False)
         if flat.size != _body_words(shape):
             raise ValueError("sealed packet failed authentication (size does not match its shape); refused.")

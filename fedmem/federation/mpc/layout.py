@@ -120,15 +120,19 @@ def _check_spec(spec):
         raise TypeError(f"spec must be a SelectionSpec. Found {type(spec).__name__}.")
 
 
-def _unseal(packets, key, run_id: bytes | None, rank: int, *, lazy: bool = False):
+def _unseal(packets, key, run_id: bytes | None, rank: int, *, lazy: bool = False, buffers=None):
     """Open one party's fetched packets with its :class:`~fedmem.federation.sharing.PartyKey`.
 
     With a ``run_id`` (the engine's sealed path) every packet must be a
     :class:`~fedmem.federation.sharing.SealedPacket` for this run and rank, and open under
     this party's key; anything else (a plaintext packet, another run's or party's packet, a
-    modified byte) raises :class:`~fedmem.errors.MpcFailure`: fail closed. ``lazy``: seed packets
-    open as :class:`~fedmem.federation.sharing.SeedShares` (:meth:`PartyKey.open`). Without one
-    (direct use with in-memory packets) sealed packets are refused, plaintext ones pass."""
+    modified byte) raises :class:`~fedmem.errors.MpcFailure`: fail closed. Without one
+    (direct use with in-memory packets) sealed packets are refused, plaintext ones pass.
+
+    ``lazy``: seed packets open as :class:`~fedmem.federation.sharing.SeedShares`
+    (:meth:`PartyKey.open`). ``buffers``: ``None`` or a callable ``(i, ciphertext bytes) ->
+    writable uint8 array or None``, the buffer the i-th packet's shares are decrypted into
+    (``PartyKey.open(into=...)``)."""
     packets = list(packets)
     if run_id is None:
         if any(isinstance(p, SealedPacket) for p in packets):
@@ -137,6 +141,9 @@ def _unseal(packets, key, run_id: bytes | None, rank: int, *, lazy: bool = False
     if key is None:
         raise MpcFailure("this party has no key to open sealed packets; no output was computed.")
     try:
-        return [key.open(p, run_id, rank, lazy=lazy) for p in packets]
+        return [key.open(p, run_id, rank, lazy=lazy,
+                         into=None if buffers is None or getattr(p, "kind", None) != "shares"
+                         else buffers(i, len(p.ciphertext)))
+                for i, p in enumerate(packets)]
     except ValueError as exc:
         raise MpcFailure(f"sealed share packet refused: {exc}") from None

@@ -97,6 +97,65 @@ def test_plaintext_reference_refuses_tampered_or_unsealed_packets():
         pp.run(sealed, spec)
 
 
+def test_plaintext_parties_decrypt_into_kept_buffers_and_stay_correct():
+    """Sealed share packets open into buffers the parties keep between runs (the same buffer object
+    the next batch), and every run's output still equals brute force, also for a second batch of other
+    data and size decrypted into the same buffers; a run while another holds the buffers (the lock)
+    allocates afresh and is correct too; packets above the kept total get fresh buffers. PartyKey.open
+    with ``into`` gives the shares a fresh open gives, as views of ``into`` (too small: a fresh buffer),
+    and a tampered packet is refused with or without it."""
+    import dataclasses
+
+    from fedmem.federation.mpc import reference
+    from fedmem.federation.sharing import PartyKey, new_run_id, seal_packet
+
+    def sealed_run(pp, rng, B):
+        packets, (sc, vals, ok, ids) = make_candidates(rng, B, 6, 3, 4, n_hosts=2)
+        rid = new_run_id()
+        sealed = [[seal_packet(x, pp.public_keys[p], rid, p) for x in packets[p]] for p in range(2)]
+        spec = SelectionSpec("topk", k=3)
+        r = pp.run(sealed, spec, run_id=rid)
+        want = brute_force(sc, vals, ok, ids, spec)
+        for got, w in zip((r.sum, r.count, r.tallies), want):
+            np.testing.assert_array_equal(got, w)
+
+    rng = np.random.default_rng(93)
+    pp = PlaintextParties(2)
+    sealed_run(pp, rng, 4)
+    kept = dict(pp._buffers)
+    assert len(kept) == 4 and all(b.dtype == np.uint8 for b in kept.values())
+    sealed_run(pp, rng, 3)                                # smaller batch, other data: same buffers
+    assert all(pp._buffers[k] is b for k, b in kept.items())
+    with pp._lock:                                        # another run holds them: this one allocates
+        sealed_run(pp, rng, 4)
+    assert all(pp._buffers[k] is b for k, b in kept.items())
+    small = PlaintextParties(2)
+    old_cap = reference.KEPT_BUFFER_BYTES
+    reference.KEPT_BUFFER_BYTES = 100
+    try:
+        sealed_run(small, rng, 4)
+        assert small._buffers == {}
+    finally:
+        reference.KEPT_BUFFER_BYTES = old_cap
+
+    key, rid = PartyKey(), new_run_id()
+    packets, _ = make_candidates(rng, 2, 4, 3, 5, n_hosts=1)
+    sealed = seal_packet(packets[0][0], key.public, rid, 0)
+    fresh = key.open(sealed, rid, 0)
+    into = np.empty(len(sealed.ciphertext) + 64, dtype=np.uint8)
+    got = key.open(sealed, rid, 0, into=into)
+    for f in ("scores", "values", "valid"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(fresh, f))
+        assert np.shares_memory(getattr(got, f), into)
+    tiny = np.empty(8, dtype=np.uint8)
+    assert not np.shares_memory(key.open(sealed, rid, 0, into=tiny).values, tiny)
+    bad = sealed.ciphertext.copy()
+    bad[3] ^= 1
+    for buf in (None, into):
+        with pytest.raises(ValueError, match="failed authentication"):
+            key.open(dataclasses.replace(sealed, ciphertext=bad), rid, 0, into=buf)
+
+
 def test_value_rows_read_assembles_layout_without_concatenating():
     """value_rows(packets, b, n) equals assemble(packets)[1][b, n] for hosts with shuffled, non-contiguous
     shard ids (the plaintext reference reads selected rows this way)."""
