@@ -18,6 +18,7 @@ pieces through the public client API (``run_reconstruction``, ``run_games``,
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -99,6 +100,10 @@ def is_broadcast(f) -> bool:
     return f.selection == "broadcast" or f.receipts == "broadcast"
 
 
+_SHARD_MEMO = threading.local()
+"""Per thread: the last query's per-shard selections, keyed by the shard's arrays (see relevant_selection)."""
+
+
 def relevant_selection(data, q, f) -> tuple[int, np.ndarray | None, int]:
     """What a data-dependent threshold selection would pick for ``q`` (numpy, evaluation only).
 
@@ -106,17 +111,29 @@ def relevant_selection(data, q, f) -> tuple[int, np.ndarray | None, int]:
     ``(shards holding one, mean of their values or None, record count)``. Under broadcast this is
     the support the adversary is after and the mean the agent actually wants (the
     broadcast mean also averages irrelevant records and zero dummies).
-    """
+
+    A membership game asks this for the same query in two worlds that share every shard's
+    arrays but one (``fedmem.bench.shards.with_record``), so each shard's selection for the last
+    query is kept, keyed by the shard's own key and value arrays (identity, checked), and reused:
+    the second world computes one shard (the same numbers: each shard's part is computed as
+    before and summed in the same order; tested)."""
     qn = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
+    memo_key = (qn.tobytes(), int(f.k_local), float(f.threshold))
+    if getattr(_SHARD_MEMO, "key", None) != memo_key:
+        _SHARD_MEMO.key, _SHARD_MEMO.per = memo_key, {}
+    per = _SHARD_MEMO.per
     shards, total, count = 0, np.zeros(data.value_dim), 0
     for k, v in zip(data.keys, data.values):
-        sc = k @ qn
-        top = np.argsort(-sc, kind="stable")[: f.k_local]
-        sel = top[sc[top] >= f.threshold]
-        if sel.size:
+        got = per.get((id(k), id(v)))
+        if got is None or got[0] is not k or got[1] is not v:
+            sc = k @ qn
+            top = np.argsort(-sc, kind="stable")[: f.k_local]
+            sel = top[sc[top] >= f.threshold]
+            got = per[(id(k), id(v))] = (k, v, int(sel.size), v[sel].sum(axis=0) if sel.size else None)
+        if got[2]:
             shards += 1
-            total += v[sel].sum(axis=0)
-            count += sel.size
+            total += got[3]
+            count += got[2]
     return shards, (total / count if count else None), count
 
 

@@ -49,3 +49,56 @@ def test_each_world_is_judged_against_its_own_booking():
     assert judge(pos, neg, b).label == "LEAK"
     # the old rule (max over both worlds) read the same channel as no leak
     assert judge(pos, neg, max(bp, bn)).label != "LEAK"
+
+
+def _relevant_selection_reference(data, q, f):
+    """relevant_selection as it was before its per-shard memo: one pass over every shard."""
+    qn = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
+    shards, total, count = 0, np.zeros(data.value_dim), 0
+    for k, v in zip(data.keys, data.values):
+        sc = k @ qn
+        top = np.argsort(-sc, kind="stable")[: f.k_local]
+        sel = top[sc[top] >= f.threshold]
+        if sel.size:
+            shards += 1
+            total += v[sel].sum(axis=0)
+            count += sel.size
+    return shards, (total / count if count else None), count
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relevant_selection_reuses_shared_shards_and_equals_one_full_pass(dtype):
+    """The two worlds of a membership game share every shard's arrays but one; relevant_selection keeps
+    each shard's selection for the last query and reuses it: for queries asked world after world (and
+    worlds asked query after query, so the memo is both reused and invalidated), every answer equals a
+    full pass bit for bit (float32 and float64 data, ragged shards). The query aimed at the inserted
+    record gets different answers in the two worlds (asserted), so a memo keyed by shard position
+    rather than by the shard's arrays would be caught here."""
+    from fedmem.attacks.federation_games import neighbours, relevant_selection
+    from fedmem.bench.shards import make_clustered_shards
+    from fedmem.federation.config import FederationConfig
+
+    rng = np.random.default_rng(11)
+    data = make_clustered_shards(30, 12, 16, 8, 1.0, rng, clusters=4, dtype=dtype)
+    data = type(data)(keys=[k[: 6 + i % 7] for i, k in enumerate(data.keys)],
+                      values=[v[: 6 + i % 7] for i, v in enumerate(data.values)], centers=data.centers,
+                      clip=data.clip)
+    f = FederationConfig(shards=30, records_per_shard=12, key_dim=16, value_dim=8, k_local=3,
+                         selection="threshold", threshold=0.3)
+    key = data.centers[1] / np.linalg.norm(data.centers[1])
+    value = np.full(8, 0.2)
+    worlds = neighbours(data, 7, key, value, "replace-one", np.random.default_rng(12))
+    queries = [key, *rng.normal(size=(5, 16)), data.centers[2]]
+    for q in queries:                          # world after world for each query: the memo is reused
+        for w in ("without", "with"):
+            got, want = relevant_selection(worlds[w], q, f), _relevant_selection_reference(worlds[w], q, f)
+            assert got[0] == want[0] and got[2] == want[2]
+            assert (got[1] is None) == (want[1] is None)
+            if got[1] is not None:
+                np.testing.assert_array_equal(got[1], want[1])
+    for w in ("with", "without"):               # query after query for each world: the memo is replaced
+        for q in queries:
+            got, want = relevant_selection(worlds[w], q, f), _relevant_selection_reference(worlds[w], q, f)
+            assert got[2] == want[2] and (got[1] is None or np.array_equal(got[1], want[1]))
+    a, b = (relevant_selection(worlds[w], key, f) for w in ("without", "with"))
+    assert a[2] != b[2] or not np.array_equal(a[1], b[1])
