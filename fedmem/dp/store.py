@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,10 +50,33 @@ class DurableStore:
                                      check_same_thread=False)
         self._lock = threading.RLock()
         with self._lock:
-            if self.path is not None:
-                self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            self._conn.executescript(_SCHEMA)
+            self._retry_locked(self._setup, timeout_s)
+
+    def _setup(self):
+        if self.path is not None:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.executescript(_SCHEMA)
+
+    def _retry_locked(self, step, timeout_s: float):
+        """Run ``step`` again while SQLite reports the database locked, up to ``timeout_s``.
+
+        Switching a new database to WAL needs its exclusive lock, and SQLite answers "database is
+        locked" at once, without its busy handler, while another process holds the database
+        (several processes opening one fresh store: 20 of 90 opens failed in a 3-process race,
+        tests/dp/test_store.py). The setup is idempotent, so it is retried with a short backoff."""
+        deadline = time.monotonic() + timeout_s
+        wait = 0.001
+        while True:
+            try:
+                return step()
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + wait > deadline:
+                    raise
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                time.sleep(wait)
+                wait = min(0.05, wait * 2)
 
     @contextmanager
     def transaction(self):

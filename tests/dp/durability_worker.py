@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 import time
 
@@ -82,11 +83,33 @@ def race(path: str, go: str, n_plain: int) -> None:
     print(json.dumps(counts), flush=True)
 
 
+def open_race(folder: str, n: int, broken: str) -> None:
+    """For i in 0..n-1: wait until ``folder/go<i>`` exists, then open the fresh store ``folder/s<i>.sqlite``;
+    prints ``opened <i>`` or ``locked <i>``. ``broken="1"``: the store's setup is not retried when
+    SQLite reports the database locked (the code before the fix)."""
+    if broken == "1":
+        DurableStore._retry_locked = lambda self, step, timeout_s: step()
+    print("ready", flush=True)
+    for i in range(n):
+        go = os.path.join(folder, f"go{i}")
+        while not os.path.exists(go):
+            time.sleep(0.0002)
+        try:
+            DurableStore(os.path.join(folder, f"s{i}.sqlite")).close()
+            print(f"opened {i}", flush=True)
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            print(f"locked {i}", flush=True)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "loop":
         loop(sys.argv[2])
     elif mode == "race":
         race(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif mode == "open_race":
+        open_race(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
