@@ -298,11 +298,10 @@ class Gateway:
                plans: dict[str, ReleasePlan]) -> Decision:
         """Admission of one query from public state only (module docstring). Reserves the
         charges of an admitted query until :meth:`book` or :meth:`clear_pending`."""
+        refused = self._refused_uncharged(query_id, principal, family, retry_of)
+        if refused is not None:
+            return refused
         reasons: list[str] = []
-        if principal == UNISSUED:
-            return Decision(query_id, principal, family, retry_of, None, ("unissued_principal",))
-        if retry_of is not None and not self.issued(retry_of):
-            return Decision(query_id, principal, family, retry_of, None, ("retry_unbooked",))
         for route in ROUTES:
             plan = plans.get(route)
             if plan is None:
@@ -320,6 +319,15 @@ class Gateway:
                 self._pending_of(acc).add(events)
             return Decision(query_id, principal, family, retry_of, route, tuple(reasons))
         return Decision(query_id, principal, family, retry_of, None, tuple(reasons))
+
+    def _refused_uncharged(self, query_id, principal, family, retry_of) -> Decision | None:
+        """The refusals decided before any route or budget (nothing charged): an unissued principal,
+        a retry of a query this federation never issued; ``None`` otherwise."""
+        if principal == UNISSUED:
+            return Decision(query_id, principal, family, retry_of, None, ("unissued_principal",))
+        if retry_of is not None and not self.issued(retry_of):
+            return Decision(query_id, principal, family, retry_of, None, ("retry_unbooked",))
+        return None
 
     def decide_many(self, query_ids, principals, families, retries, plans: dict[str, ReleasePlan]) -> list[Decision]:
         """:meth:`decide` for every query of a batch, in order: the same decisions, the same pending
@@ -354,11 +362,9 @@ class Gateway:
             return None
         out, charged = [], {}     # ledger name -> (pending trial, cap, [events of each charge, in order])
         for q, p, f, r in rows:
-            if p == UNISSUED:
-                out.append(Decision(q, p, f, r, None, ("unissued_principal",)))
-                continue
-            if r is not None and not self.issued(r):
-                out.append(Decision(q, p, f, r, None, ("retry_unbooked",)))
+            refused = self._refused_uncharged(q, p, f, r)
+            if refused is not None:
+                out.append(refused)
                 continue
             for acc, events, cap, _ in self._caps(p, plan):
                 trial = self._pending_of(acc)
