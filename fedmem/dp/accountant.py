@@ -100,12 +100,17 @@ def _normalised(event):
     return event_from_dict(event_to_dict(event))
 
 
-def _epsilon_after(tracks, events, delta: float) -> float:
-    """Compose ``events`` (normalised) into ``tracks`` in order; their smallest epsilon at ``delta``."""
+def _compose_all(tracks, events):
+    """Compose ``events`` (normalised) into every one of ``tracks``, in order, in place; returns ``tracks``."""
     for e in events:
         for t in tracks:
             t.compose(e)
-    return smallest_epsilon(tracks, delta)
+    return tracks
+
+
+def _epsilon_after(tracks, events, delta: float) -> float:
+    """Compose ``events`` (normalised) into ``tracks`` in order; their smallest epsilon at ``delta``."""
+    return smallest_epsilon(_compose_all(tracks, events), delta)
 
 
 def _supported(tracks, event) -> bool:
@@ -168,9 +173,7 @@ class Accountant:
             "SELECT id, event FROM accountant_events WHERE accountant=? AND id>? ORDER BY id",
             (self.name, self._last_id),
         ):
-            event = event_from_text(ev)
-            for t in self._tracks:
-                t.compose(event)
+            _compose_all(self._tracks, [event_from_text(ev)])
             self._last_id = rid
             self._count += 1
 
@@ -293,10 +296,7 @@ class PendingTrial:
         with acc.store.snapshot() as db:
             acc._sync(db)
         if self._tracks is None or self._base != (acc._last_id, acc._count):
-            self._tracks = copy_tracks(acc._tracks)
-            for e in self.events:
-                for t in self._tracks:
-                    t.compose(e)
+            self._tracks = _compose_all(copy_tracks(acc._tracks), self.events)
             self._base = (acc._last_id, acc._count)
         return self._tracks
 
@@ -315,10 +315,7 @@ class PendingTrial:
         if kept is not None:
             return kept
         normalised = [_normalised(e) for e in events]
-        trial = copy_tracks(state)
-        for e in normalised:
-            for tr in trial:
-                tr.compose(e)
+        trial = _compose_all(copy_tracks(state), normalised)
         self._trial = (events, self._base, len(self.events), (normalised, trial))
         return self._trial[3]
 
@@ -343,9 +340,7 @@ class PendingTrial:
         normalised = [_normalised(e) for e in events]
         self.events += normalised
         if self._tracks is not None:     # kept copy on self._base; rebuilt by _state() if the ledger moved
-            for e in normalised:
-                for tr in self._tracks:
-                    tr.compose(e)
+            _compose_all(self._tracks, normalised)
 
 
 def composed_epsilon(kind: AccountantKind, events, delta: float) -> float:
@@ -440,8 +435,7 @@ def book_groups(groups, labels, trace=None) -> tuple[list[list[Booking]], list[f
             for (acc, _, _), ev in zip(g, evs):
                 st = trial[id(acc)]
                 st[0] += 1
-                for tr in st[1]:
-                    tr.compose(ev)
+                _compose_all(st[1], [ev])
             if t is not None:
                 traced.append([(trial[id(acc)][0], smallest_epsilon(trial[id(acc)][1], d)) for acc, d in t])
         for i, caps in caps_of.items():
