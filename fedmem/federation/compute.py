@@ -326,8 +326,7 @@ class Engine:
         t1 = time.perf_counter()
         tm["hosts"] += t1 - t0
         try:
-            kw = {} if self.config.mpc_impl == "auto" else {"impl": self.config.mpc_impl}   # CrypTen parties only
-            rev = self.parties.run(packets, policy.selection_spec(), run_id=run_id, **kw)
+            rev = self.parties.run(packets, policy.selection_spec(), run_id=run_id, impl=self.config.mpc_impl)
             tm["mpc"] += time.perf_counter() - t1
             tm["mpc_party"] += float((getattr(rev, "stats", None) or {}).get("party_seconds", 0.0))
             tm["runs"] += 1

@@ -26,7 +26,10 @@ class Parties(abc.ABC):
       :class:`~fedmem.federation.sharing.Revealed` outputs the spec names. Every failure
       (a dead, hung or deviating party, an inconsistent packet) raises
       :class:`~fedmem.errors.MpcFailure` and reveals nothing: the engine then fails the whole
-      batch closed;
+      batch closed. ``impl`` names the top-k protocol (``"auto"`` or one of
+      ``fedmem.federation.mpc.IMPLS``; the engine passes ``FederationConfig.mpc_impl``): a
+      backend whose selection does not depend on it (the plaintext reference) checks it and
+      computes the same selection;
     * :meth:`close`: stop what the backend started (idempotent). Also a context manager.
     """
 
@@ -37,7 +40,7 @@ class Parties(abc.ABC):
         return []
 
     @abc.abstractmethod
-    def run(self, packets, spec, *, run_id: bytes | None = None):
+    def run(self, packets, spec, *, run_id: bytes | None = None, impl: str = "auto"):
         """Secure selection on ``packets`` under ``spec``; see the class docstring."""
 
     def close(self) -> None:

@@ -307,13 +307,13 @@ class _FlakyParties(Parties):
 
         self.inner, self.calls, self.fail_on = PlaintextParties(2), 0, fail_on
 
-    def run(self, packets, spec, *, run_id=None):
+    def run(self, packets, spec, *, run_id=None, impl="auto"):
         from fedmem.errors import MpcFailure
 
         self.calls += 1
         if self.calls == self.fail_on:
             raise MpcFailure(f"party 1 died in run {self.calls}")
-        return self.inner.run(packets, spec, run_id=run_id)
+        return self.inner.run(packets, spec, run_id=run_id, impl=impl)
 
     @property
     def public_keys(self):
@@ -348,8 +348,8 @@ def test_shard_host_killed_between_routes_books_nothing(data, queries, ray_local
     holder = {}
 
     class KillHostAfterFirstRun(_FlakyParties):
-        def run(self, packets, spec, *, run_id=None):
-            out = self.inner.run(packets, spec, run_id=run_id)
+        def run(self, packets, spec, *, run_id=None, impl="auto"):
+            out = self.inner.run(packets, spec, run_id=run_id, impl=impl)
             if self.calls == 0:
                 ray_local.kill(holder["f"].hosts[0], no_restart=True)
             self.calls += 1
@@ -438,7 +438,7 @@ class _DeadParties(Parties):
 
     n_parties = 2
 
-    def run(self, packets, spec, *, run_id=None):
+    def run(self, packets, spec, *, run_id=None, impl="auto"):
         from fedmem.errors import MpcFailure
 
         raise MpcFailure("party 1 died (RayActorError)")
@@ -450,7 +450,7 @@ def test_parties_must_implement_the_contract(data, ray_local):
     class DuckParties:
         n_parties = 2
 
-        def run(self, packets, spec, *, run_id=None):
+        def run(self, packets, spec, *, run_id=None, impl="auto"):
             raise AssertionError("never called")
 
     with pytest.raises(TypeError, match=r"parties must implement .*Parties.*Found DuckParties"):

@@ -84,12 +84,12 @@ def test_unfetchable_host_output_fails_the_query_closed(small_data, ray_local, c
         def public_keys(self):
             return crypten_parties.public_keys
 
-        def run(self, packets, spec, *, run_id=None):
+        def run(self, packets, spec, *, run_id=None, impl="auto"):
             self.calls += 1
             if self.calls == 1:
                 packets = [list(p) for p in packets]
                 packets[1][1] = _dead_refs(ray_local, [[None]])[0][0]
-            return crypten_parties.run(packets, spec, run_id=run_id)
+            return crypten_parties.run(packets, spec, run_id=run_id, impl=impl)
 
         def close(self):
             return None
@@ -156,7 +156,7 @@ def test_engine_object_store_holds_only_ciphertext(small_data, ray_local):
             super().__init__(2)
             self.seen, self.tamper = [], False
 
-        def run(self, packets, spec, *, run_id=None):
+        def run(self, packets, spec, *, run_id=None, impl="auto"):
             self.seen.append((packets, run_id))
             if self.tamper:
                 packets = [list(p) for p in packets]
@@ -164,7 +164,7 @@ def test_engine_object_store_holds_only_ciphertext(small_data, ray_local):
                 ct = bytearray(s.ciphertext)
                 ct[-1] ^= 1
                 packets[0][0] = ray_local.put(dataclasses.replace(s, ciphertext=bytes(ct)))
-            return super().run(packets, spec, run_id=run_id)
+            return super().run(packets, spec, run_id=run_id, impl=impl)
 
     spy, acc = Spy(), Accountant()
     with Federation(_engine_cfg(mpc="plaintext", selection="topk", k=3), small_data, accountant=acc,

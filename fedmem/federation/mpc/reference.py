@@ -12,6 +12,7 @@ import numpy as np
 from fedmem import _validate as V
 from fedmem.errors import MpcFailure
 from fedmem.federation.mpc.layout import _check_packets, _check_spec, _resolve, _unseal, assemble, value_rows
+from fedmem.federation.mpc.networks.program import IMPLS
 from fedmem.federation.parties import Parties
 from fedmem.federation.sharing import MASK_FILL, PartyKey, Revealed, SelectionSpec, decode, encode, reconstruct
 
@@ -72,10 +73,14 @@ class PlaintextParties(Parties):
     def public_keys(self) -> list[bytes]:
         return list(self._public_keys)
 
-    def run(self, packets, spec: SelectionSpec, *, run_id: bytes | None = None) -> Revealed:
+    def run(self, packets, spec: SelectionSpec, *, run_id: bytes | None = None, impl: str = "auto") -> Revealed:
         """``packets[p]``: party p's packets, one per shard host (``SharePacket`` or Ray
-        ``ObjectRef`` to one; refs are fetched here); sealed to party p when ``run_id`` is given."""
+        ``ObjectRef`` to one; refs are fetched here); sealed to party p when ``run_id`` is given.
+        ``impl`` is checked as :class:`CryptenParties` checks it; every protocol selects the same
+        records, which this reference computes directly."""
         _check_spec(spec)
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}. Found {impl!r}.")
         t0 = time.perf_counter()
         with contextlib.ExitStack() as held:
             mine = self._lock.acquire(blocking=False)

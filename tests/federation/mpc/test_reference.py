@@ -169,3 +169,19 @@ def test_value_rows_read_assembles_layout_without_concatenating():
         n = rng.integers(0, 30, 40)
         np.testing.assert_array_equal(value_rows(p, b, n), full[b, n])
         assert assemble(p, values=False)[1] is None
+
+
+def test_plaintext_parties_take_impl_like_the_secure_parties():
+    """``impl`` is part of the Parties contract: the reference checks it as CryptenParties does (an
+    unknown value is a ValueError naming it) and selects the same records whichever protocol is named."""
+    from fedmem.federation.mpc import IMPLS
+
+    rng = np.random.default_rng(94)
+    packets, _ = make_candidates(rng, 3, 6, 3, 4, n_hosts=2)
+    spec = SelectionSpec("topk", k=3)
+    pp = PlaintextParties(2)
+    want = pp.run(packets, spec)
+    for impl in IMPLS:
+        assert_same(pp.run(packets, spec, impl=impl), want)
+    with pytest.raises(ValueError, match="impl must be one of .* Found 'fastest'"):
+        pp.run(packets, spec, impl="fastest")
