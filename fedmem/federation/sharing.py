@@ -677,9 +677,6 @@ class PartyKey:
                 raise ValueError("sealed packet failed authentication (size does not match its kind); refused.")
             seed = SeedPacket(body, shape, ids)
             return seed.rows() if lazy else seed.expand()
-        if len(body) % 8:
+        if len(body) != 8 * _body_words(shape):
             raise ValueError("sealed packet failed authentication (size does not match its shape); refused.")
-        flat = np.frombuffer(body, dtype="<i8").astype(np.int64, copy=False)
-        if flat.size != _body_words(shape):
-            raise ValueError("sealed packet failed authentication (size does not match its shape); refused.")
-        return _packet_from_words(flat, shape, ids)
+        return _packet_from_words(np.frombuffer(body, dtype="<i8").astype(np.int64, copy=False), shape, ids)
