@@ -366,14 +366,9 @@ class Gateway:
             if refused is not None:
                 out.append(refused)
                 continue
+            # every ledger is of the gateway's kind (_acc) and has one cap (the gateway's setting for it)
             for acc, events, cap, _ in self._caps(p, plan):
-                trial = self._pending_of(acc)
-                if trial.accountant.kind != "rdp":
-                    return None
-                entry = charged.setdefault(acc.name, (trial, cap, []))
-                if entry[1] != cap:    # one cap per ledger (it is the gateway's own setting)
-                    return None
-                entry[2].extend(events)
+                charged.setdefault(acc.name, (self._pending_of(acc), cap, []))[2].extend(events)
             out.append(Decision(q, p, f, r, "primary", ()))
         if any(not trial.fits(events, cap) for trial, cap, events in charged.values()):
             return None
