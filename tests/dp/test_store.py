@@ -10,6 +10,7 @@ what one process would have admitted alone: no lost update, no overshoot.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -103,25 +104,35 @@ def _sequential_admissions() -> tuple[int, int]:
     return n_led, n_acc
 
 
-def _race(folder: Path, n_plain: int) -> list[dict]:
-    """Run two race workers against ``folder/race.sqlite``; return their own counts."""
-    path, go = folder / "race.sqlite", folder / "go"
-    procs = [_spawn("race", path, go, n_plain) for _ in range(2)]
+@contextlib.contextmanager
+def _ready_workers(count: int, *args):
+    """``count`` workers started with ``args``, each past its setup (it printed ``ready``); the ones still
+    running when the block ends are killed."""
+    procs = [_spawn(*args) for _ in range(count)]
     try:
-        for p in procs:  # both set up (imports done, store open) before the start signal
-            assert p.stdout.readline().strip() == "ready", p.stderr.read()
-        go.touch()
-        outs = []
         for p in procs:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-            outs.append(json.loads(out.strip().splitlines()[-1]))
-        return outs
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        yield procs
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def _output(p: subprocess.Popen) -> str:
+    """What a worker printed after ``ready``, once it exited cleanly."""
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    return out
+
+
+def _race(folder: Path, n_plain: int) -> list[dict]:
+    """Run two race workers against ``folder/race.sqlite``; return their own counts."""
+    path, go = folder / "race.sqlite", folder / "go"
+    with _ready_workers(2, "race", path, go, n_plain) as procs:   # both set up before the start signal
+        go.touch()
+        return [json.loads(_output(p).strip().splitlines()[-1]) for p in procs]
 
 
 def test_concurrent_writers_lose_nothing_and_never_overshoot(tmp_path):
@@ -158,26 +169,16 @@ def test_concurrent_writers_lose_nothing_and_never_overshoot(tmp_path):
 
 def _open_race(folder: Path, broken: bool, n: int = 20, procs: int = 3) -> dict:
     """``procs`` processes open each of ``n`` fresh stores at the same moment; counts per outcome."""
-    ps = [_spawn("open_race", folder, n, int(broken)) for _ in range(procs)]
-    try:
-        for p in ps:
-            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+    with _ready_workers(procs, "open_race", folder, n, int(broken)) as ps:
         for i in range(n):
             (folder / f"go{i}").touch()
             time.sleep(0.05)
         got = {"opened": 0, "locked": 0}
         for p in ps:
-            out, err = p.communicate(timeout=120)
-            assert p.returncode == 0, err
-            for line in out.split():
+            for line in _output(p).split():
                 if line in got:
                     got[line] += 1
         return got
-    finally:
-        for p in ps:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 def test_processes_opening_one_fresh_store_together_all_succeed(tmp_path):
