@@ -386,6 +386,18 @@ class Gateway:
     def clear_pending(self) -> None:
         self._pending.clear()
 
+    def charges(self, decision: Decision, plan: ReleasePlan) -> list[tuple[str, list]]:
+        """``(ledger name, events)`` of every budget an admitted ``decision`` of ``plan`` holds as
+        pending (what :meth:`decide` added), so another gateway on the same store can :meth:`hold` them."""
+        return [(acc.name, list(events)) for acc, events, _, _ in self._caps(decision.principal, plan)]
+
+    def hold(self, ledger: str, events) -> None:
+        """Hold ``events`` as pending on the ledger named ``ledger`` of this store until
+        :meth:`clear_pending`: charges another gateway on the same store admitted and has not booked
+        yet (:meth:`charges`), so this gateway's :meth:`decide` counts them."""
+        acc = self.accountant if ledger == self.accountant.name else self._acc(str(ledger))
+        self._pending_of(acc).add(list(events))
+
     def _entries(self, decision: Decision, plan: ReleasePlan) -> list:
         if not decision.admitted:
             raise ValueError(f"decision must be an admission. Found reasons {decision.reasons!r}.")
