@@ -349,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="run the main demo (what `make demo` runs)")
     d.add_argument("--ray-address", help=RAY_ADDRESS_HELP)
     d.set_defaults(func=cmd_demo)
+    from fedmem.cli.hunt import add_parser as _add_hunt  # fedmem hunt (fedmem/cli/hunt.py)
+
+    _add_hunt(sub)
     return p
 
 

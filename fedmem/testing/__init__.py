@@ -1,0 +1,1 @@
+"""Testing aids shipped with fedmem: the privacy mutation suite (:mod:`fedmem.testing.mutants`)."""
