@@ -1,4 +1,4 @@
-.PHONY: demo test test-fast install clean-runs
+.PHONY: demo test test-fast bench install clean-runs
 
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -25,6 +25,11 @@ test: install
 # Development lane: everything but the tests marked slow (own clusters, subprocess runs).
 test-fast: install
 	@$(PY) -m pytest -q -m "not slow" --durations=10 $(PYTEST_ARGS)
+
+# Every headline benchmark, with its machine line, into docs/benchmarks.md (scripts/bench_all.py;
+# its docstring says how many repeats and why). BENCH_ARGS: e.g. --quick, --baseline REV, --out PATH.
+bench: install
+	@$(PY) scripts/bench_all.py $(BENCH_ARGS)
 
 clean-runs:
 	rm -rf runs
