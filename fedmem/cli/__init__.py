@@ -240,11 +240,17 @@ def cmd_show(args) -> int:
     return 0
 
 
+def _first_sentence(text: str) -> str:
+    head, dot, _ = str(text).partition(". ")
+    return head + ("." if dot or not head.endswith(".") else "")
+
+
 def cmd_demo(args) -> int:
-    """Run DEMO_RUNS and print what the adversary got in each, side by side."""
+    """Run DEMO_RUNS: each setup's attack table (compact at 80 columns; every table is in its
+    report.md), then what the adversary got in each, side by side, the rows that differ marked."""
     from rich.text import Text
 
-    from fedmem.report import make_console, print_result_tables, print_table  # lazy: loads numpy (~490 ms)
+    from fedmem.report import format_value, make_console, print_table  # lazy: loads numpy (~490 ms)
 
     console = make_console()
     console.print("[bold]fedmem demo[/bold]: 40 memory shards answer 300 adaptive queries through secure "
@@ -252,23 +258,27 @@ def cmd_demo(args) -> int:
                   "question is what the [italic]support[/italic] (which shards took part, how many) gives away.")
     runs, folders = [], []
     for i, (title, fname, overrides) in enumerate(DEMO_RUNS, 1):
-        console.rule(f"{i}/{len(DEMO_RUNS)}  {title}")
+        console.rule(f"{i}/{len(DEMO_RUNS)}  {title.split(':', 1)[0]}")
+        console.print(Text(title.split(":", 1)[-1].strip()), soft_wrap=False)
         payload, result, out_dir = run_scenario(SCENARIO_DIR / fname, overrides, None, False, args.ray_address)
-        print_result_tables(result, console)
-        console.print(Text(f"run folder: {out_dir}"), soft_wrap=True)
+        for t in result.tables[:1]:   # the attack table; the others are in report.md
+            print_table(console, t.title, t.columns, [[format_value(v) for v in row] for row in t.rows],
+                        _first_sentence(t.note) if t.note else "", keep=())
+        console.print(Text(f"every table and plot: {out_dir / 'report.md'}"), soft_wrap=True)
         runs.append(payload["metrics"])
         folders.append(str(out_dir))
     console.rule("Comparison")
+    rows = demo_rows(runs)
     print_table(console, "What the adversary got", [""] + [title.split(":", 1)[0] for title, _, _ in DEMO_RUNS],
-                [[label, *cells] for label, cells in demo_rows(runs)], keep=())
+                [[label, *cells] for label, cells in rows], keep=(), mark=[len(set(cells)) > 1 for _, cells in rows])
     console.print(
         "Undefended, the exact receipts tell the adversary how many (and which) shards hold memories near its "
         "query, and whether a given record is there, whatever the DP noise on the value. With the gateway, "
         "releases whose support channels cannot be booked are refused before anything is computed, with one "
         "uniform \"no memory available\" that says nothing about the data (the refusal, admission and timing "
         "attacks read it and find nothing). With the broadcast fallback the same queries are answered under the "
-        "support-safe broadcast selection: the support attacks fall to chance and every answer is booked. "
-        "Reports with plots: " + ", ".join(folders))
+        "support-safe broadcast selection: the support attacks fall to chance and every answer is booked.")
+    console.print(Text("Reports with plots: " + ", ".join(folders)), soft_wrap=True)
     return 0
 
 

@@ -35,31 +35,31 @@ def demo_rows(runs) -> list[tuple[str, list[str]]]:
     rows = []
     rows.append(("queries answered / refused",
                  [f"{get(m, 'forwarded', default='-')} / {get(m, 'rejected', default='-')}" for m in runs]))
-    rows.append(("contributing shards guessed within +-2 (papers/003: 94%)",
+    rows.append(("shards guessed within +-2 (papers/003: 94%)",
                  [num(get(m, "reconstruction", "rate"), "{:.0%}") for m in runs]))
-    rows.append(("  ... a constant guess would get",
+    rows.append(("  ... a constant guess gets",
                  [num(get(m, "reconstruction", "chance_rate"), "{:.0%}") for m in runs]))
-    rows.append(("membership attack AUC (0.5 = coin flip)",
+    rows.append(("membership AUC (0.5 = coin flip)",
                  [num(get(m, "differencing", "auc"), "{:.2f}") for m in runs]))
-    rows.append(("  ... leak proven (epsilon lower bound, 95%)",
+    rows.append(("  ... eps proven (lower bound, 95%)",
                  [num(get(m, "differencing", "eps_lower"), "{:.2f}") for m in runs]))
-    rows.append(("  ... epsilon booked for that query",
+    rows.append(("  ... eps booked for what it saw",
                  [num(get(m, "differencing", "eps_booked"), "{:.2f}") for m in runs]))
-    rows.append(("  ... verdict (fedmem.attacks.verdict: one rule)",
-                 [num(get(m, "differencing", "verdict")) for m in runs]))
-    rows.append(("support-leaky answers that reached the agent",
+    rows.append(("  ... verdict (fedmem.attacks.verdict)",
+                 [num(get(m, "differencing", "label", default=get(m, "differencing", "verdict"))) for m in runs]))
+    rows.append(("support-leaky answers the agent got",
                  [num(get(m, "forwarded_leaky"), "{}") for m in runs]))
-    rows.append(("answers with a channel the accountant does not cover",
+    rows.append(("answers with an unbooked channel",
                  [num(get(m, "forwarded_unbooked"), "{}") for m in runs]))
-    rows.append(("attacks that leak beyond what was booked",
+    rows.append(("attacks that leak beyond the booking",
                  [", ".join(k for k, v in get(m, "attacks", default={}).items()
                             if str(v.get("verdict", "")).startswith(("LEAK", "EXCEEDS"))) or "none"
                   for m in runs]))
-    rows.append(("  ... of attacks run (refusals, admission, timing, retries, sybils, ...)",
+    rows.append(("  ... of attacks run",
                  [str(len(get(m, "attacks", default={}))) for m in runs]))
-    rows.append(("verdict", [num(get(m, "verdict")) for m in runs]))
-    rows.append(("total epsilon booked (adaptive stream)",
+    rows.append(("overall verdict", [num(get(m, "verdict")) for m in runs]))
+    rows.append(("total eps booked (adaptive stream)",
                  [num(get(m, "epsilon_spent_total"), "{:.3g}") for m in runs]))
-    rows.append(("utility: MSE of released mean vs exact mean",
+    rows.append(("utility: MSE of released mean",
                  [num(get(m, "utility_mse"), "{:.3g}") for m in runs]))
     return rows

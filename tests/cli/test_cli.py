@@ -336,6 +336,8 @@ WIDE_COLUMNS = ["attack", "success rate", "AUC", "AUC 95% CI", "TPR@1%FPR", "TPR
 
 
 def test_wide_table_at_80_columns_cuts_no_number():
+    """A two-row table too wide for 80 columns is transposed (one column per row), never split
+    into column groups; every number whole."""
     from fedmem.report import _fmt
 
     rows = [["reconstruction", _fmt(1.4123456), "[0.5012, 0.7543]", _fmt(0.93817), _fmt(3.2719e-05),
@@ -343,14 +345,58 @@ def test_wide_table_at_80_columns_cuts_no_number():
             ["differencing", _fmt(0.5), "[0.4321, 0.5678]", _fmt(0.50001), _fmt(0.0), _fmt(float("nan")),
              _fmt(1e-300), _fmt(1.0), "ok"]]
     mode, text = _render(80, "Attack metrics", WIDE_COLUMNS, rows, note="note")
-    assert mode == "groups"
-    assert "\u2026" not in text and "..." not in text
+    assert mode == "transposed"
+    assert "\u2026" not in text and "..." not in text and " of 9)" not in text
     assert max(len(line) for line in text.splitlines()) <= 80
     for row in rows:
         for cell in row:
             assert cell in text, (cell, text)
-    for header_word in " ".join(WIDE_COLUMNS).split():
-        assert header_word in text
+
+
+def _attack_rows(n):
+    from fedmem.report import _fmt
+
+    reasons = ["LEAK (perfect separation: ROC above the DP ceiling of eps 4.25, delta 1e-06 booked; CP eps >= 3.47)",
+               "within booked (GDP mu >= 0.00 <= 0.83 booked, power mu 2.97; CP eps >= 0.00)", "EXCEEDS TOTAL BUDGET"]
+    return [[f"attack number {i} (a label)", _fmt(0.5 + i / 97), "240/240", _fmt(0.5 + i / 50), "[0.462, 0.537]",
+             _fmt(i / 7), _fmt(i / 3), _fmt(4.253 * (1 + i % 2)), _fmt(3.467), reasons[i % 3]] for i in range(n)]
+
+
+def test_long_table_at_80_columns_is_compact_with_footnotes():
+    """The attack table at 80 columns: attack, AUC, eps lower, booked, power and a one-word verdict whose
+    reason is a footnote (each reason once); the secondary columns are named, never split into groups."""
+    columns = ["attack", "success rate", "n pos/neg", "AUC", "AUC 95% CI", "TPR@1%FPR", "empirical eps (CP lower)",
+               "booked eps (what it saw)", "power", "verdict"]
+    rows = _attack_rows(10)
+    mode, text = _render(80, "Attack metrics", columns, rows, note="Overall verdict: LEAK.", keep=())
+    assert mode == "compact", text
+    assert "columns" not in text.split("Columns:")[0] and " of 10)" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    body = text.split("\n[1] ")[0]
+    for row in rows:
+        for j in (3, 6, 7, 8):              # AUC, eps lower, booked, power: whole numbers in the table
+            assert row[j] in body, (row[j], text)
+    assert "LEAK [1]" in body and "within booked [2]" in body
+    assert text.count("[1] LEAK (perfect separation") == 1 and text.count("[2] within booked (GDP") == 1
+    assert "Not shown at this width: AUC 95% CI, n pos/neg, success rate, TPR@1%FPR" in " ".join(text.split())
+    # wide enough: the whole table, as is
+    mode, text = _render(260, "Attack metrics", columns, rows, keep=())
+    assert mode == "table" and rows[0][-1] in text
+
+
+def test_one_row_table_is_a_key_value_list():
+    mode, text = _render(80, "Gateway and accounting", ["queries", "forwarded", "rejected", "forwarded support-leaky",
+                                                          "forwarded with an uncovered channel", "bookings (this run)",
+                                                          "booked eps (ledger total across resumes, at delta)"],
+                         [["300", "0", "300", "0", "0", "0", "0"]], keep=())
+    assert mode == "keyvalue" and "  forwarded with an uncovered channel: 0" in text
+    assert "\u2503" not in text     # no box
+
+
+def test_marked_rows_say_they_differ():
+    mode, text = _render(80, "side by side", ["", "a", "b"], [["same", "1", "1"], ["other", "1", "2"]], keep=(),
+                         mark=[False, True])
+    assert "* other" in text and "  same" in text and "* the values differ" in text
 
 
 def test_file_names_are_never_cut():
@@ -379,7 +425,8 @@ def test_random_tables_keep_every_cell_intact():
             rows.append([name, *nums])
         mode, text = _render(width, "random", columns, rows)
         assert "\u2026" not in text
-        if mode != "list":
+        assert "(column" not in text
+        if mode not in ("list", "keyvalue"):
             assert max(len(line) for line in text.splitlines()) <= width, (width, text)
         for row in rows:
             for cell in row:
