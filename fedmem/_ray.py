@@ -38,6 +38,7 @@ accelerators in Ray workers).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 
 
@@ -53,7 +54,7 @@ def local_options(num_cpus: int | None = None, object_store_mb: int | None = Non
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise ValueError(f"{name} must be a non-negative integer (0 = default). Found {v!r}.")
     opts = {"address": "local", "num_cpus": num_cpus or (os.cpu_count() or 1), "include_dashboard": False,
-            "log_to_driver": False}
+            "log_to_driver": False, "logging_level": logging.WARNING}   # no "Started a local Ray instance" INFO line
     if object_store_mb:
         opts["object_store_memory"] = int(object_store_mb) * 1024 * 1024
     return opts
@@ -141,5 +142,5 @@ def ensure_ray(ray_address: str | None = None, *, num_cpus: int | None = None,
         with lean_private_head():
             ray.init(**local_options(num_cpus, object_store_mb))
         return True
-    ray.init(address=address, log_to_driver=False)
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)   # no "Connecting to ..." INFO
     return False
