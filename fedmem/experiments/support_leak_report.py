@@ -89,6 +89,7 @@ def reconstruction_tables(records, cfg, tables, attack_rows, ctx) -> dict:
                         records[-1].eps_after if records else 0.0, "-", rverdict])
     attacks_out = {"reconstruction": {"rate": rep.rate, "ci": list(rep.ci), "chance_rate": rep.chance_rate,
                                       "queries": rep.queries, "uncovered_answers": len(unbooked),
+                                      "eps_booked": records[-1].eps_after if records else 0.0,
                                       "verdict": rverdict}}
     ctru = [r.count_true for r in records]
     tables.append(Table("(a) Cardinality reconstruction over the adaptive queries",

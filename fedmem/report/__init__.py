@@ -51,7 +51,7 @@ _fmt = format_value  # its name before the split (tests import it)
 __all__ = [
     "COMPOSE_LIMIT", "FIGURE_DPI", "FILE_NOTES", "HEADLINE_KEYS", "MANIFEST", "PROVENANCE_PACKAGES", "RESOLVED_HEADER",
     "RESULTS_SCHEMA", "SHORT_CELL", "Result", "RunContext", "Table", "compare_runs", "count_bookings",
-    "figure_has_data", "format_value", "git_commit", "ledger_markdown", "ledger_marks", "ledger_summary",
+    "figure_has_data", "format_value", "git_commit", "headline_lines", "ledger_markdown", "ledger_marks", "ledger_summary",
     "load_results", "machine_info", "make_console", "merge_metrics", "plain_state", "print_result_tables",
     "print_table", "provenance", "read_manifest", "resolved_text", "results_schema", "revive_state",
     "snapshot_files", "stable_json", "to_jsonable", "total_memory_bytes", "write_manifest", "write_run", "_fmt",
@@ -222,6 +222,85 @@ def _config_delta(cfg: dict) -> float | None:
     return None
 
 
+def _leak_label(d) -> str | None:
+    for key in ("label", "verdict"):
+        v = d.get(key)
+        if isinstance(v, str) and v.startswith(("LEAK", "EXCEEDS")):
+            return v
+    return None
+
+
+def _leaks(metrics: dict) -> list[tuple[str, dict]]:
+    """(name, its metrics) of every attack / audit row whose verdict is LEAK or EXCEEDS (a budget),
+    from ``metrics["attacks"]`` and the top-level metric dicts (one level down too: dp.demo's
+    ``float_bits.fast``); each name once."""
+    found: dict[str, dict] = {}
+
+    def visit(name, d, depth):
+        if not isinstance(d, dict):
+            return
+        if _leak_label(d):
+            found.setdefault(name, d)
+        elif depth:
+            for k, v in d.items():
+                visit(f"{name}.{k}" if name else k, v, depth - 1)
+
+    for k, v in (metrics.get("attacks") or {}).items():
+        visit(k, v, 0)
+    for k, v in metrics.items():
+        if k != "attacks" and k not in found:
+            visit(k, v, 1)
+    return list(found.items())
+
+
+def _num(x) -> str:
+    if isinstance(x, str) and x in ("inf", "-inf"):   # results.json's infinities
+        return x
+    return format_value(float(x)) if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
+
+
+def headline_lines(metrics: dict, ledgers: list[dict], status: str = "complete") -> list[str]:
+    """report.md's first three lines: the overall verdict, what leaked (each LEAK row's epsilon
+    lower bound vs what it booked), the total booked."""
+    verdict = metrics.get("verdict")
+    if status != "complete":
+        first = f"**Status: {status.upper()}**" + (f" (verdict of the completed phases: {verdict})" if verdict else "")
+    elif isinstance(verdict, str) and verdict:
+        first = f"**Verdict: {verdict}**"
+    else:
+        first = "**Verdict: none** (this experiment states no privacy verdict)"
+    parts = []
+    for name, d in _leaks(metrics):
+        text = d.get("verdict") if isinstance(d.get("verdict"), str) else _leak_label(d)
+        head, _, reason = text.partition(" (")
+        if "eps_lower" in d and "eps_booked" in d:
+            what = f"eps >= {_num(d['eps_lower'])} proven vs {_num(d['eps_booked'])} booked"
+        elif "epsilon_seen" in d:
+            what = f"eps seen {_num(d.get('epsilon_seen'))}, total budget {_num(d.get('total_epsilon_budget'))}"
+        elif "eps_booked" in d:
+            what = f"{_num(d['eps_booked'])} booked"
+        else:
+            what = ""
+        why = reason.rstrip(")").split(";")[0] if reason else head
+        parts.append(f"{name} ({'; '.join(x for x in (why, what) if x)})")
+    second = "**What leaked:** " + ("; ".join(parts) if parts else "nothing beyond what was booked") + "."
+    total = next((metrics[k] for k in ("epsilon_spent_total", "epsilon_spent") if
+                  isinstance(metrics.get(k), (int, float)) and not isinstance(metrics.get(k), bool)), None)
+    n_book = sum(int(r.get("bookings_total") or 0) for r in ledgers)
+    stores = f"{n_book:,} bookings in {len(ledgers)} top-level accountant(s)/ledger(s) (ledger.sqlite)"
+    if total is not None:
+        at = next((r["delta"] for r in ledgers if r.get("delta")), None)
+        third = f"**Total booked:** eps {_num(total)}" + (f" at delta {at:g}" if at else "") + \
+            f" on the run's main stream; {stores}."
+    elif ledgers:
+        top = max(ledgers, key=lambda r: (r.get("epsilon_total") is not None, r.get("epsilon_total") or 0))
+        third = (f"**Total booked:** {stores}; the largest: {top['name']}, eps {_num(top.get('epsilon_total'))}"
+                 + (f" at delta {top['delta']:g}" if top.get("delta") else "") + ".")
+    else:
+        third = "**Total booked:** nothing (no durable ledger in this folder)."
+    return [first, second, third]
+
+
 def write_run(scenario, ctx: RunContext, result: Result | None, wall_s: float, *, status: str = "complete",
               error: str | None = None, argv: Sequence[str] | None = None) -> dict:
     """Write results.json, scenario.resolved.toml, run.json and report.md.
@@ -271,8 +350,8 @@ def write_run(scenario, ctx: RunContext, result: Result | None, wall_s: float, *
     }
     payload = to_jsonable(payload)
     (ctx.out_dir / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
-    md = [f"# {scenario.name}", "", f"*{cfg.get('description') or scenario.experiment.description}*", "",
-          f"- kind: `{scenario.experiment.kind}`", f"- scenario: `{scenario.path}`",
+    md = [f"# {scenario.name}", "", *[line + "  " for line in headline_lines(result.metrics, ledgers, status)], "",
+          f"*{cfg.get('description') or scenario.experiment.description}*", "", f"- kind: `{scenario.experiment.kind}`", f"- scenario: `{scenario.path}`",
           f"- seed: {ctx.seed}", f"- wall time: {wall_s:.1f} s"]
     if status != "complete":
         done = ", ".join(ctx.phases_completed) or "none"
@@ -291,7 +370,7 @@ def write_run(scenario, ctx: RunContext, result: Result | None, wall_s: float, *
     for heading, body in result.sections:
         md += [f"## {heading}", "", body, ""]
     if ledgers:
-        md += ["## Privacy ledger: this run vs ledger total across resumes", "",
+        md += ["## Privacy ledger: one total per top-level accountant, this run vs across resumes", "",
                ledger_markdown(ledgers, ctx.resumed), ""]
     for p in ctx.figures:
         md += [f"![{p.stem}]({p.name})", ""]

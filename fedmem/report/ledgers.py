@@ -71,9 +71,32 @@ def _composed(kind: str, events: tuple[str, ...], delta: float) -> float:
     return composed_epsilon(kind, [event_from_text(ev) for ev in events], delta)
 
 
-def ledger_summary(folder: Path, marks: dict, delta: float | None = None, limit: int = 50) -> list[dict]:
-    """Per accountant / ledger of every store under ``folder``: bookings and epsilon of this run
-    (after ``marks``) next to the total across every run in the folder (resumes included).
+def _top_level(names) -> dict[str, int]:
+    """The top-level names among ``names`` (no ``/``, or whose parent is not there), each with how
+    many sub-ledgers (``name/...``: per principal, per support channel) it has."""
+    names = list(names)
+    present = set(names)
+    tops: dict[str, int] = {}
+    for n in names:
+        parts = n.split("/")
+        parent = next((("/".join(parts[:i])) for i in range(1, len(parts)) if "/".join(parts[:i]) in present), None)
+        if parent is None:
+            tops.setdefault(n, 0)
+    for n in names:
+        parts = n.split("/")
+        for i in range(1, len(parts)):
+            p = "/".join(parts[:i])
+            if p in tops:
+                tops[p] += 1
+                break
+    return tops
+
+
+def ledger_summary(folder: Path, marks: dict, delta: float | None = None, limit: int = 500) -> list[dict]:
+    """Per top-level accountant / ledger of every store under ``folder``: bookings and epsilon of
+    this run (after ``marks``) next to the total across every run in the folder (resumes included),
+    and ``sub_ledgers``: how many per-principal / per-channel accountants below it (``name/...``)
+    hold a share of its bookings (they are not rows: the top-level one books every event).
 
     Accountants report epsilon at their budget's delta, else at ``delta`` (None: counts only);
     pure ledgers report the largest per-attribute spend. At most ``limit`` rows.
@@ -92,14 +115,15 @@ def ledger_summary(folder: Path, marks: dict, delta: float | None = None, limit:
             if "accountant_events" in names and "accountant_meta" in names:
                 meta = {a: (k, bd) for a, k, bd in conn.execute(
                     "SELECT accountant, kind, budget_delta FROM accountant_meta ORDER BY accountant")}
-                for acc_name, (kind, bdelta) in meta.items():
+                for acc_name, subs in _top_level(meta).items():
+                    kind, bdelta = meta[acc_name]
                     evs = conn.execute("SELECT id, event FROM accountant_events WHERE accountant=? ORDER BY id",
                                        (acc_name,)).fetchall()
                     mine = [e for i, e in evs if i > start.get("accountant_events", 0)]
                     at = bdelta if bdelta is not None else delta
                     row = {"store": f, "type": "accountant", "name": acc_name, "kind": kind,
                            "bookings_this_run": len(mine), "bookings_total": len(evs),
-                           "delta": at, "epsilon_this_run": None, "epsilon_total": None}
+                           "delta": at, "epsilon_this_run": None, "epsilon_total": None, "sub_ledgers": subs}
                     if at is not None and 0 < at < 1 and len(evs) <= COMPOSE_LIMIT:
                         try:
                             row["epsilon_total"] = _compose(kind, [e for _, e in evs], at)
@@ -109,7 +133,8 @@ def ledger_summary(folder: Path, marks: dict, delta: float | None = None, limit:
                             pass
                     rows.append(row)
             if "ledger_charges" in names:
-                for (lname,) in conn.execute("SELECT DISTINCT ledger FROM ledger_charges ORDER BY ledger"):
+                lnames = [n for (n,) in conn.execute("SELECT DISTINCT ledger FROM ledger_charges ORDER BY ledger")]
+                for lname, subs in _top_level(lnames).items():
                     tot: dict = {}
                     run: dict = {}
                     n_all = n_mine = 0
@@ -125,7 +150,7 @@ def ledger_summary(folder: Path, marks: dict, delta: float | None = None, limit:
                     rows.append({"store": f, "type": "ledger (pure eps, largest attribute)", "name": lname,
                                  "kind": "pure", "bookings_this_run": n_mine, "bookings_total": n_all,
                                  "delta": None, "epsilon_this_run": max(run.values(), default=0.0),
-                                 "epsilon_total": max(tot.values(), default=0.0)})
+                                 "epsilon_total": max(tot.values(), default=0.0), "sub_ledgers": subs})
         except (sqlite3.Error, ValueError):
             pass
         finally:
@@ -135,17 +160,25 @@ def ledger_summary(folder: Path, marks: dict, delta: float | None = None, limit:
     return rows[:limit]
 
 
-def ledger_markdown(rows: list[dict], resumed: bool) -> str:
+LEDGER_ROWS = 30  # report.md lists at most this many top-level accountants / ledgers
+
+
+def ledger_markdown(rows: list[dict], resumed: bool, shown: int = LEDGER_ROWS) -> str:
     def e(x):
         return "-" if x is None else f"{x:.4g}"
 
-    lines = ["| store | accountant / ledger | bookings this run | bookings total | eps this run | eps total "
-             "| at delta |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
+    lines = ["| store | accountant / ledger | sub-ledgers | bookings this run | bookings total | eps this run "
+             "| eps total | at delta |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows[:shown]:
         at = "-" if r["delta"] is None else f"{r['delta']:g}"
-        lines.append(f"| {r['store']} | {r['name']} ({r['kind']}) | {r['bookings_this_run']} | "
-                     f"{r['bookings_total']} | {e(r['epsilon_this_run'])} | {e(r['epsilon_total'])} | {at} |")
-    lines += ["", "This run: bookings made (and epsilon composed) by this run only. Total: every booking in the "
+        lines.append(f"| {r['store']} | {r['name']} ({r['kind']}) | {r.get('sub_ledgers', 0)} | "
+                     f"{r['bookings_this_run']} | {r['bookings_total']} | {e(r['epsilon_this_run'])} | "
+                     f"{e(r['epsilon_total'])} | {at} |")
+    if len(rows) > shown:
+        lines.append(f"| {len(rows) - shown} more (see ledger.sqlite) | | | | | | | |")
+    lines += ["", "One row per top-level accountant or ledger; its sub-ledgers (per principal, per support "
+              "channel: `name/...`) each hold a share of its bookings and are in ledger.sqlite. "
+              "This run: bookings made (and epsilon composed) by this run only. Total: every booking in the "
               "store, across " + ("the earlier runs resumed here and this one" if resumed else
                                   "every run in this folder (only this one)") +
               ". Epsilon of accountants is composed at their budget's delta, else at the scenario's delta "

@@ -376,3 +376,63 @@ def test_grouped_bars_keep_long_labels_apart(tmp_path):
     assert len(boxes) == len(names)
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     plt.close(fig)
+
+
+# ------------------------------------------------------------------ report.md opens with the verdict
+LEAKY = {"verdict": "LEAK", "epsilon_spent_total": 178.25,
+         "attacks": {"reconstruction": {"rate": 1.0, "eps_booked": 178.25,
+                                        "verdict": "LEAK (exact support channel, unbooked)"},
+                     "differencing": {"eps_lower": 3.467, "eps_booked": 4.253, "label": "LEAK",
+                                      "verdict": "LEAK (perfect separation: ROC above the DP ceiling; CP eps >= 3.47)"},
+                     "timing": {"eps_lower": 0.0, "eps_booked": 4.253, "label": "within booked",
+                                "verdict": "within booked (GDP mu >= 0.00 <= 0.83 booked)"}}}
+
+
+def _first_lines(report: str) -> list[str]:
+    return [ln.strip() for ln in report.splitlines()[2:5]]
+
+
+def test_report_opens_with_verdict_what_leaked_and_total_booked(tmp_path):
+    from fedmem.dp import Accountant, DurableStore, GaussianMechanism
+
+    sc, ctx, res, out = _write(tmp_path, metrics=LEAKY)
+    acc = Accountant("rdp", store=DurableStore(out / "ledger.sqlite"), name="main")
+    acc.book(GaussianMechanism.calibrate(1.0, 1e-6, 1.0).event())
+    write_run(sc, ctx, res, 0.5)
+    first = _first_lines((out / "report.md").read_text())
+    assert first[0] == "**Verdict: LEAK**"
+    assert first[1].startswith("**What leaked:** reconstruction (exact support channel, unbooked; 178.2 booked); "
+                               "differencing (perfect separation: ROC above the DP ceiling; eps >= 3.467 proven vs "
+                               "4.253 booked)"), first[1]
+    assert "timing" not in first[1]
+    assert first[2].startswith("**Total booked:** eps 178.2 at delta 1e-06 on the run's main stream; 1 bookings in 1 "
+                               "top-level"), first[2]
+
+
+def test_report_without_a_leak_or_a_ledger_says_so(tmp_path):
+    sc, ctx, res, out = _write(tmp_path, metrics={"verdict": "within booked", "released": 1})
+    write_run(sc, ctx, res, 0.5)
+    first = _first_lines((out / "report.md").read_text())
+    assert first == ["**Verdict: within booked**", "**What leaked:** nothing beyond what was booked.",
+                     "**Total booked:** nothing (no durable ledger in this folder)."]
+
+
+def test_ledger_section_one_row_per_top_level_accountant_and_says_where_it_cuts(tmp_path):
+    from fedmem.dp import Accountant, DurableStore, GaussianMechanism
+
+    sc, ctx, res, out = _write(tmp_path)
+    store = DurableStore(out / "ledger.sqlite")
+    ev = GaussianMechanism.calibrate(1.0, 1e-6, 1.0).event()
+    n_top = R.ledger_markdown.__defaults__[0] + 5
+    for t in range(n_top):
+        Accountant("rdp", store=store, name=f"target{t:02d}").book(ev)
+        Accountant("rdp", store=store, name=f"target{t:02d}/principal/p-{t}").book(ev)
+        Accountant("rdp", store=store, name=f"target{t:02d}/support/p-{t}")        # empty support ledger
+    payload = write_run(sc, ctx, res, 0.5)
+    assert [r["name"] for r in payload["ledgers"]] == [f"target{t:02d}" for t in range(n_top)]
+    assert all(r["sub_ledgers"] == 2 for r in payload["ledgers"])
+    report = (out / "report.md").read_text()
+    section = report.split("## Privacy ledger", 1)[1].split("\n## ", 1)[0]
+    assert "/support/" not in section and "/principal/" not in section
+    assert "| 5 more (see ledger.sqlite) |" in section
+    assert section.count("| ledger.sqlite | target") == n_top - 5
