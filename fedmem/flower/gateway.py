@@ -47,12 +47,17 @@ The strategy inside Flower's wrapper sees the exact replies (the server is trust
 value there); prefer ``dp="fedmem"``.
 
 **Decisions, from public state only**: ``configure_fit`` decides (plan bookable, budget
-fits) before any client computes; else it returns ``[]`` (Flower cancels the round).
+fits, counting the rounds other wrappers on the same store admitted and have not booked)
+before any client computes; else it returns ``[]`` (Flower cancels the round).
 ``aggregate_fit`` fails closed (``(None, {})``: nothing released, nothing booked) on any
 fault or broken contract: failures, a reply set different from the sampled set, a
-``num_examples`` other than the declared constant, an undeclared metric key. Only then is
-the release computed and the DP event booked (per principal and in total, one SQLite
-transaction); if booking fails the aggregate is dropped. Configuration that could never
+``num_examples`` other than the declared constant, an undeclared metric key, a reply that
+is not float, not finite, too large, of another shape or (``clipping="client"``) above the
+sensitivity; and on ANY exception while deciding, checking, releasing or booking (the audit
+keeps ``"<stage>_error:<type>"``, never the text). Every reply is clipped to
+``sensitivity`` on the server (``clipping="server"``, the default). The release is computed
+and booked (per principal and in total, one SQLite transaction) **before** the wrapped
+strategy or the caller sees it; if booking fails nothing is released. Configuration that could never
 admit a round raises ``ValueError`` at construction (no ``public_num_examples``, no noise,
 a budget below one round).
 
@@ -92,7 +97,7 @@ from fedmem import _validate as V
 from fedmem.dp import Accountant
 from fedmem.errors import BudgetExceeded
 from fedmem.federation.aggregator import ReleasePlan
-from fedmem.flower.core import GatewayCore, RoundRecord
+from fedmem.flower.core import GatewayCore, Refused, RoundRecord, error_code
 
 DP_MODES = ("auto", "flower", "fedmem")
 FLOWER_DP = (DifferentialPrivacyClientSideFixedClipping, DifferentialPrivacyServerSideFixedClipping)
@@ -130,7 +135,9 @@ class SupportGatewayStrategy(Strategy):
     ``epsilon_budget`` / ``total_epsilon_budget`` at ``delta`` (``math.inf`` disables),
     ``principal`` (the querying identity the budgets are charged to; default: a fresh one),
     ``rng`` (fedmem's noise; required for ``dp="fedmem"``), ``sampling`` (``"secure"``,
-    the default; ``"fast"`` is numpy's float sampler and not DP).
+    the default; ``"fast"`` is numpy's float sampler and not DP), ``clipping`` (``"server"``, the
+    default: every reply is clipped to L2 <= ``sensitivity`` by the wrapper; ``"client"``: a round
+    with a reply above it is refused; :class:`fedmem.flower.core.GatewayCore`).
     """
 
     def __init__(self, strategy: Strategy, accountant: Accountant, *, num_sampled_clients: int,
@@ -138,7 +145,7 @@ class SupportGatewayStrategy(Strategy):
                  public_num_examples: int | None = None, public_metric_keys=(),
                  epsilon_budget: float = 10.0, total_epsilon_budget: float = 100.0, delta: float = 1e-6,
                  principal: str | None = None, rng: np.random.Generator | None = None,
-                 sampling: str = "secure") -> None:
+                 sampling: str = "secure", clipping: str = "server") -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
             hint = (" (a Message-API strategy: use fedmem.flower.GatewayStrategy)"
@@ -182,7 +189,7 @@ class SupportGatewayStrategy(Strategy):
                                 sensitivity=sens, public_num_examples=public_num_examples,
                                 public_metric_keys=public_metric_keys, epsilon_budget=epsilon_budget,
                                 total_epsilon_budget=total_epsilon_budget, delta=delta, principal=principal,
-                                rng=rng, sampling=sampling, mode=mode, label="flower")
+                                rng=rng, sampling=sampling, mode=mode, label="flower", clipping=clipping)
 
     # ------------------------------------------------------------------ the core's state, by name
     gateway = property(lambda self: self.core.gateway)
@@ -236,9 +243,40 @@ class SupportGatewayStrategy(Strategy):
         return None, {}
 
     # ------------------------------------------------------------------ fit round
+    def _contract_faults(self, sampled: set, results, failures) -> list[str]:
+        shapes = [[a.shape for a in parameters_to_ndarrays(res.parameters)] for _, res in results]
+        return self.core.contract_faults(sampled, [p.node_id for p, _ in results],
+                                         [res.num_examples for _, res in results],
+                                         [(res.metrics or {}).keys() for _, res in results], shapes, len(failures))
+
+    def _release(self, server_round: int, results, failures):
+        """The booked value, not yet seen by anyone. dp='fedmem': the core's noised mean of the checked,
+        clipped replies (a list of ndarrays). dp='flower': Flower's DP wrapper aggregates the checked,
+        clipped replies and adds its noise (its inner strategy sees those replies: documented)."""
+        replies = [parameters_to_ndarrays(res.parameters) for _, res in results]
+        if self.dp == "flower":
+            clipped = self.core.clipped(replies)
+            results = [(proxy, FitRes(res.status, ndarrays_to_parameters(arrs), res.num_examples, res.metrics))
+                       for (proxy, res), arrs in zip(results, clipped)]
+            return self.strategy.aggregate_fit(server_round, results, failures)[0]
+        return self.core.release(replies)
+
+    def _inner_aggregate(self, server_round: int, results, released):
+        """The wrapped strategy's aggregate of the booked release, handed to it as ONE FitRes
+        (post-processing; dp='fedmem'). dp='flower': Flower's wrapper already aggregated."""
+        if self.dp == "flower":
+            return released
+        one = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(released), self.public_num_examples, {})
+        return self.strategy.aggregate_fit(server_round, [(results[0][0], one)], [])[0]
+
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        decision = self.core.decide(server_round)
+        try:
+            decision = self.core.decide(server_round)
+        except Exception as exc:     # fail closed without values: the type only, in the audit
+            self.core.close()
+            self.audit.append(RoundRecord(server_round, None, "fault", (error_code("decide", exc),)))
+            return []
         if not decision.admitted:
             return []
         instructions = self.strategy.configure_fit(server_round, parameters, client_manager)
@@ -247,22 +285,6 @@ class SupportGatewayStrategy(Strategy):
             return []
         self.core.open(server_round, decision, [proxy.node_id for proxy, _ in instructions])
         return instructions
-
-    def _contract_faults(self, sampled: set, results, failures) -> list[str]:
-        shapes = [[a.shape for a in parameters_to_ndarrays(res.parameters)] for _, res in results]
-        return self.core.contract_faults(sampled, [p.node_id for p, _ in results],
-                                         [res.num_examples for _, res in results],
-                                         [(res.metrics or {}).keys() for _, res in results], shapes, len(failures))
-
-    def _inner_aggregate(self, server_round: int, results, failures):
-        """The wrapped strategy's aggregate. dp='fedmem': the core's noised mean, handed to the
-        wrapped strategy as ONE FitRes (post-processing). dp='flower': Flower's DP wrapper
-        aggregates the replies and adds its noise."""
-        if self.dp == "flower":
-            return self.strategy.aggregate_fit(server_round, results, failures)
-        noised = self.core.release([parameters_to_ndarrays(res.parameters) for _, res in results])
-        one = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(noised), self.public_num_examples, {})
-        return self.strategy.aggregate_fit(server_round, [(results[0][0], one)], [])
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures) -> tuple[Parameters | None, dict[str, Scalar]]:
@@ -273,22 +295,32 @@ class SupportGatewayStrategy(Strategy):
         rec = RoundRecord(server_round, decision.query_id, "fault", sampled=len(sampled), replied=len(results),
                           failures=len(failures), channels=tuple(c.name for c in self.plan.channels))
         self.audit.append(rec)
+        stage = "contract"
         try:
             reasons = self._contract_faults(sampled, results, failures)
             if reasons:
                 rec.reasons = tuple(reasons)
+                if "num_examples" in reasons:
+                    rec.detail["num_examples"] = sorted({int(res.num_examples) for _, res in results})
                 return None, {}
-            params, _withheld_metrics = self._inner_aggregate(server_round, results, failures)
-            if params is None:
+            stage = "release"
+            released = self._release(server_round, results, failures)
+            if released is None:
                 rec.reasons = ("no_aggregate",)
                 return None, {}
+            stage = "book"
             try:
                 self.core.book(server_round, decision, rec)
             except BudgetExceeded:
                 rec.reasons = ("epsilon_budget",)
                 return None, {}
-            return params, {}
+        except Refused as r:
+            rec.reasons = r.reasons
+            return None, {}
+        except Exception as exc:     # fail closed without values: the type only, in the audit
+            rec.decision, rec.reasons = "fault", (error_code(stage, exc),)
+            return None, {}
         finally:
             self.core.close()
-
-
+        # booked: only now does anyone (the wrapped strategy, the caller) see the release
+        return self._inner_aggregate(server_round, results, released), {}

@@ -23,8 +23,12 @@ decision, the release and the booking come from the same
   ``sampling="secure"``), divides by ``num_sampled_clients`` and hands the wrapped
   strategy **one** reply carrying that noised mean (weight ``public_num_examples``): the
   wrapped strategy (FedAvg, FedMedian, FedAdam, yours) is post-processing. Its aggregated
-  metrics are withheld. Then the round is booked (fedmem ledger, and the Flower
-  accountant if given) and logged.
+  metrics are withheld. The round is booked (fedmem ledger, and the Flower accountant if
+  given) **before** the wrapped strategy, the server log or the caller sees the release; a
+  booking that fails releases nothing. Replies are checked and clipped on the server first
+  (:meth:`fedmem.flower.core.GatewayCore.prepare`), and any exception in the decision,
+  checks, release or booking is the uniform refusal (no aggregate, a value-free reason code
+  in the audit).
 * Federated evaluation is not gated and is disabled (``configure_evaluate`` returns ``[]``).
 
 Accountants: ``ledger`` is fedmem's durable :class:`fedmem.dp.Accountant` (default: an
@@ -54,7 +58,7 @@ from flwr.supercore import log
 
 from fedmem.dp import Accountant
 from fedmem.errors import BudgetExceeded
-from fedmem.flower.core import GatewayCore, RoundRecord
+from fedmem.flower.core import GatewayCore, Refused, RoundRecord, error_code
 
 __all__ = ["GatewayStrategy"]
 
@@ -70,14 +74,17 @@ class GatewayStrategy(Strategy):
     noise RNG, required); ``accountant`` (optional Flower ``PrivacyAccountant``); ``ledger``
     (fedmem ``Accountant``; default in-memory RDP); ``epsilon_budget`` /
     ``total_epsilon_budget`` at ``delta``; ``principal``; ``public_metric_keys``;
-    ``sampling`` (``"secure"``; ``"fast"`` is numpy's float sampler, not DP).
+    ``sampling`` (``"secure"``; ``"fast"`` is numpy's float sampler, not DP); ``clipping``
+    (``"server"``, the default: the wrapper clips every reply to L2 <= ``sensitivity``, as
+    Flower's ``DifferentialPrivacyServerSideFixedClipping``; ``"client"``: a round with a reply
+    above it is refused, for clients that clip with :func:`fedmem.flower.mods.fixedclipping_mod`).
     """
 
     def __init__(self, strategy: Strategy, noise_multiplier: float, sensitivity: float, num_sampled_clients: int,
                  *, public_num_examples: int | None = None, rng: np.random.Generator | None = None,
                  accountant=None, ledger: Accountant | None = None, epsilon_budget: float = 10.0,
                  total_epsilon_budget: float = 100.0, delta: float = 1e-6, principal: str | None = None,
-                 public_metric_keys=(), sampling: str = "secure") -> None:
+                 public_metric_keys=(), sampling: str = "secure", clipping: str = "server") -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
             hint = (" (a legacy strategy: use fedmem.flower.SupportGatewayStrategy)"
@@ -93,7 +100,8 @@ class GatewayStrategy(Strategy):
                                 sensitivity=sensitivity, public_num_examples=public_num_examples,
                                 public_metric_keys=keys, epsilon_budget=epsilon_budget,
                                 total_epsilon_budget=total_epsilon_budget, delta=delta, principal=principal,
-                                rng=rng, sampling=sampling, mode="fedmem", label="flower-message")
+                                rng=rng, sampling=sampling, mode="fedmem", label="flower-message",
+                                clipping=clipping)
         self.accountant = accountant
         if accountant is not None:
             self._check_flower_accountant(accountant)
@@ -167,7 +175,13 @@ class GatewayStrategy(Strategy):
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        decision = self.core.decide(server_round)
+        try:
+            decision = self.core.decide(server_round)
+        except Exception as exc:     # fail closed without values: no round, the type only in the audit
+            self.core.close()
+            self.core.audit.append(RoundRecord(server_round, None, "fault", (error_code("decide", exc),)))
+            log(WARNING, "fedmem gateway: round %d fault: nothing sent, nothing released", server_round)
+            return []
         if not decision.admitted:
             spent = self.core.spent()
             log(INFO, "fedmem gateway: round %d refused (%s); epsilon spent %.4f at delta %g", server_round,
@@ -212,17 +226,12 @@ class GatewayStrategy(Strategy):
             reasons.append("records")
         return reasons, arrays
 
-    def _inner_view(self, server_round: int, arrays) -> Message:
-        """One reply carrying the noised mean (the only thing the wrapped strategy sees)."""
+    def _inner_view(self, server_round: int, arrays, noised) -> Message:
+        """One reply carrying the booked noised mean (the only thing the wrapped strategy sees)."""
         akey, names, _ = arrays[0]
-        noised = self.core.release([nd for _, _, nd in arrays])
         content = RecordDict({akey: ArrayRecord(dict(zip(names, (Array(np.asarray(a)) for a in noised)))),
                               "metrics": MetricRecord({self.weight_key: self.core.public_num_examples})})
         return Message(content, reply_to=self._instructions[server_round][0])
-
-    def _inner_aggregate(self, server_round: int, replies: list[Message], arrays):
-        """The wrapped strategy's aggregate of the one noised reply (post-processing)."""
-        return self.strategy.aggregate_train(server_round, [self._inner_view(server_round, arrays)])
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -237,31 +246,65 @@ class GatewayStrategy(Strategy):
                           failures=sum(m.has_error() for m in replies),
                           channels=tuple(c.name for c in self.core.plan.channels))
         self.core.audit.append(rec)
+        stage = "contract"
         try:
             reasons, arrays = self._faults(sampled, replies)
             if reasons:
                 rec.reasons = tuple(reasons)
-                log(WARNING, "fedmem gateway: round %d fault (%s): nothing released, nothing booked", server_round,
-                    ",".join(reasons))
-                return None, None
-            agg, _withheld = self._inner_aggregate(server_round, replies, arrays)
-            if agg is None:
-                rec.reasons = ("no_aggregate",)
-                return None, None
+                if "num_examples" in reasons:
+                    rec.detail["num_examples"] = self._weights_found(replies)
+                return self._refusal(server_round, rec)
+            stage = "release"
+            released = self._release(server_round, replies, arrays)
+            stage = "book"
             try:
                 self.core.book(server_round, decision, rec)
             except BudgetExceeded:
                 rec.reasons = ("epsilon_budget",)
-                return None, None
+                return self._refusal(server_round, rec)
             if self.accountant is not None:
                 self.accountant.compose(self._event())
-            acc = self.core.gateway.principal_accountant(self.core.principal)
-            log(INFO, "fedmem gateway: round %d admitted; privacy spent: epsilon=%.6f at delta=%g after %d "
-                "releases", server_round, rec.epsilon_booked, self.core.delta, acc.count)
-            return agg, None
+        except Refused as r:
+            rec.reasons = r.reasons
+            return self._refusal(server_round, rec)
+        except Exception as exc:     # fail closed without values: the type only, in the audit
+            rec.decision, rec.reasons = "fault", (error_code(stage, exc),)
+            return self._refusal(server_round, rec)
         finally:
             self._instructions.pop(server_round, None)
             self.core.close()
+        # booked: only now do the server log and the wrapped strategy (post-processing) see the release
+        acc = self.core.gateway.principal_accountant(self.core.principal)
+        log(INFO, "fedmem gateway: round %d admitted; privacy spent: epsilon=%.6f at delta=%g after %d "
+            "releases", server_round, rec.epsilon_booked, self.core.delta, acc.count)
+        return self._hand_out(server_round, released), None
+
+    def _release(self, server_round: int, replies: list[Message], arrays) -> Message:
+        """The booked value, not yet seen by anyone: one reply carrying the core's noised mean of the
+        checked, clipped replies."""
+        return self._inner_view(server_round, arrays, self.core.release([nd for _, _, nd in arrays]))
+
+    def _hand_out(self, server_round: int, released: Message):
+        """After booking: the wrapped strategy's aggregate of the one noised reply (post-processing;
+        its aggregated metrics are withheld)."""
+        agg, _withheld = self.strategy.aggregate_train(server_round, [released])
+        return agg
+
+    def _weights_found(self, replies) -> list:
+        """The weights the replies carried (operator's audit detail of a num_examples fault)."""
+        out = set()
+        for m in replies:
+            if not m.has_error():
+                for rec in m.content.metric_records.values():
+                    v = rec.get(self.weight_key)
+                    out.add(v if isinstance(v, (int, float)) else None)
+        return sorted(out, key=lambda v: (v is None, v if v is not None else 0))
+
+    def _refusal(self, server_round: int, rec: RoundRecord):
+        """The uniform refusal: no aggregate; one value-free log line (the reason codes)."""
+        log(WARNING, "fedmem gateway: round %d %s (%s): nothing released, nothing booked", server_round,
+            rec.decision, ",".join(rec.reasons))
+        return None, None
 
     # ------------------------------------------------------------------ evaluate (not gated: disabled)
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

@@ -58,25 +58,32 @@ def _message(name):
 
 # ------------------------------------------------------------------ the broken variants (old behaviour)
 class _OldLegacy(SupportGatewayStrategy):
-    """Hands the wrapped strategy the raw replies and noises its output at a mean's calibration."""
+    """Hands the wrapped strategy the raw replies and noises its output at a mean's calibration
+    (the wrapper's release hook, then handed out as is)."""
 
-    def _inner_aggregate(self, server_round, results, failures):
+    def _release(self, server_round, results, failures):
         from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-        params, metrics = self.strategy.aggregate_fit(server_round, results, failures)
+        params, _ = self.strategy.aggregate_fit(server_round, results, failures)
         std = self.noise_std_on_sum / self.num_sampled_clients
         return ndarrays_to_parameters([a + self.rng.normal(0.0, std, size=a.shape)
-                                       for a in parameters_to_ndarrays(params)]), metrics
+                                       for a in parameters_to_ndarrays(params)])
+
+    def _inner_aggregate(self, server_round, results, released):
+        return released
 
 
 class _OldMessage(GatewayStrategy):
-    def _inner_aggregate(self, server_round, replies, arrays):
+    def _release(self, server_round, replies, arrays):
         from flwr.app import Array, ArrayRecord
 
-        agg, metrics = self.strategy.aggregate_train(server_round, [m for m in replies if not m.has_error()])
+        agg, _ = self.strategy.aggregate_train(server_round, [m for m in replies if not m.has_error()])
         std = self.core.noise_std_on_sum / self.core.num_sampled_clients
         return ArrayRecord({k: Array(np.asarray(a) + self.core.rng.normal(0.0, std, size=np.shape(a)))
-                            for k, a in zip(agg.keys(), agg.to_numpy_ndarrays())}), metrics
+                            for k, a in zip(agg.keys(), agg.to_numpy_ndarrays())})
+
+    def _hand_out(self, server_round, released):
+        return released
 
 
 def _wrap(api, cls, inner):
