@@ -6,6 +6,8 @@
 * :class:`SupportGatewayStrategy` (:mod:`fedmem.flower.gateway`): the same for the legacy
   ``flwr.server.strategy.Strategy`` API (and ``SecAggPlusWorkflow``). Both share
   :class:`fedmem.flower.core.GatewayCore` (docs/flower.md).
+* :func:`fedmem.flower.mods.fixedclipping_mod`: the client side of the contract (clip each
+  train reply to a fixed L2 norm), for the wrappers' ``clipping="client"``.
 * :class:`SecAggGrid` (:mod:`fedmem.flower.fixedpoint`): values on Flower's SecAgg+
   quantization grid, so a SecAgg+ sum decodes bit for bit.
 * :mod:`fedmem.flower.harness`: drive the wrappers round by round without a simulation.

@@ -18,10 +18,18 @@ to a :class:`GatewayCore`:
   (``"too_large"``) or a shape other than the others' (``"shapes"``) refuses the round.
   Then ``clipping="server"`` (the default, as Flower's
   ``DifferentialPrivacyServerSideFixedClipping``) scales each reply's flattened vector to
-  L2 norm <= ``sensitivity``; ``clipping="client"`` (the clients clip, as with Flower's
-  ``fixedclipping_mod``: :func:`fedmem.flower.mods.fixedclipping_mod`) refuses the round
-  (``"norm"``) if any reply is above it. Either way every reply that enters the sum has
-  L2 norm <= ``sensitivity``: the booked sensitivity is enforced by the side that books it.
+  L2 norm <= ``clip_norm`` (default: ``sensitivity``); ``clipping="client"`` (the clients
+  clip, as with Flower's ``fixedclipping_mod``: :func:`fedmem.flower.mods.fixedclipping_mod`)
+  refuses the round (``"norm"``) if any reply is above it. Either way every reply that
+  enters the sum has L2 norm <= ``clip_norm``: with ``clip_norm = sensitivity`` (client-level
+  adjacency, Flower's convention) the booked sensitivity is enforced by the side that books
+  it. A larger ``clip_norm`` is for record-level adjacency, where one protected record moves
+  one honest client's reply by at most ``sensitivity`` while replies themselves are larger
+  (fedmem's memory shards: ``[top-k' value sum, count]``): the server then enforces the
+  public reply bound (no reply, honest or not, moves the sum by more than ``clip_norm``, so
+  the range limit cannot be reached and a misconfigured client cannot push an arbitrary
+  value), while the record-level ``sensitivity`` is the honest client's own computation
+  (clipping, a projection onto a ball, is 1-Lipschitz, so it never enlarges that change).
   Each check depends on one reply only, so a refusal caused by a malicious client's reply
   says nothing about an honest client's.
 * **The release** (``release``): the core itself computes the value whose sensitivity it
@@ -70,7 +78,7 @@ the booked ``rho = 1 / (2 noise_multiplier^2)`` zCDP (CKS20 Thm. 4). The scale o
 factor ``C / ||x||`` in floats can exceed C by a relative 2**-52, 12 orders of magnitude
 below the ``g sqrt(d)`` slack (g is ``sigma * 2**-20``).
 
-**Range.** At construction ``num_sampled_clients * (sensitivity / g + 1)`` (the largest
+**Range.** At construction ``num_sampled_clients * (clip_norm / g + 1)`` (the largest
 integer sum clipped replies can reach) plus ``TAIL_SIGMAS`` noise standard deviations
 (in grid units) must stay below ``2**52`` (the secure sampler's range limit: the values it
 releases are integers times ``g`` below ``2**52 g``, so every one is an exact float);
@@ -176,7 +184,7 @@ class GatewayCore:
                  public_num_examples, public_metric_keys=(), epsilon_budget: float = 10.0,
                  total_epsilon_budget: float = 100.0, delta: float = 1e-6, principal: str | None = None,
                  rng: np.random.Generator | None = None, sampling: str = "secure", mode: str = "fedmem",
-                 label: str = "flower", clipping: str = "server") -> None:
+                 label: str = "flower", clipping: str = "server", clip_norm: float | None = None) -> None:
         if not isinstance(accountant, Accountant):
             raise TypeError(f"accountant must be a fedmem.dp.Accountant. Found {type(accountant).__name__}.")
         self.num_sampled_clients = V.positive_int("num_sampled_clients", num_sampled_clients, minimum=1)
@@ -209,6 +217,7 @@ class GatewayCore:
             raise ValueError(f"clipping must be one of {CLIPPING} ('server': the wrapper clips every reply to L2 "
                              f"<= sensitivity; 'client': it refuses a round with a reply above it). Found {clipping!r}.")
         self.clipping = clipping
+        self.clip_norm = self.sensitivity if clip_norm is None else V.positive("clip_norm", clip_norm)
         self.grid = grid_granularity(self.noise_std_on_sum)     # public: from the declared configuration
         if mode == "fedmem":
             self._check_range()
@@ -239,16 +248,18 @@ class GatewayCore:
 
     def _check_range(self, d: int = 1) -> None:
         """The public bound on the integer sum plus the noise tail fits the sampler's range (module doc)."""
-        g, C, m = self.grid, self.sensitivity, self.num_sampled_clients
-        units = float(inflated_units("gaussian", self.noise_std_on_sum, g, C, max(int(d), 1)))
+        g, C, m = self.grid, self.clip_norm, self.num_sampled_clients
+        units = float(inflated_units("gaussian", self.noise_std_on_sum, g, self.sensitivity, max(int(d), 1)))
         bound = m * (math.floor(C / g) + 1) + TAIL_SIGMAS * units
         if not bound < RANGE_LIMIT:
             raise ValueError(
-                f"num_sampled_clients x sensitivity must fit the secure sampler's range: the clipped sum can reach "
+                f"num_sampled_clients x sensitivity (clip_norm) must fit the secure sampler's range: the clipped sum "
+                f"can reach "
                 f"{m} x {C:g} = {m * C:g} and the noise tail {TAIL_SIGMAS} x {self.noise_std_on_sum:g}, on the grid "
                 f"{g!r} (noise_multiplier x sensitivity x 2**-20) the sampler releases values below 2**52 grid steps "
                 f"= {math.ldexp(g, 52):g}. Fix: raise noise_multiplier or lower num_sampled_clients. Found "
-                f"num_sampled_clients={m!r}, sensitivity={C!r}, noise_multiplier={self.multiplier!r}.")
+                f"num_sampled_clients={m!r}, sensitivity={self.sensitivity!r}, clip_norm={C!r}, "
+                f"noise_multiplier={self.multiplier!r}.")
 
     # ------------------------------------------------------------------ plan (public)
     def round_plan(self) -> ReleasePlan:
@@ -357,7 +368,7 @@ class GatewayCore:
     def prepare(self, reply_arrays: list[list]) -> tuple[list[str], np.ndarray | None, list]:
         """Check every reply on its own, then clip (module docstring). Returns ``(reasons, matrix,
         shapes)``: the refusal reasons (empty: admitted) and the clipped replies' flattened vectors
-        (one row per reply, float64, every row of L2 norm <= ``sensitivity``), or ``None``."""
+        (one row per reply, float64, every row of L2 norm <= ``clip_norm``), or ``None``."""
         reasons: list[str] = []
         if not reply_arrays:
             return ["reply_set"], None, []
@@ -380,7 +391,7 @@ class GatewayCore:
             norms = np.sqrt(np.einsum("ij,ij->i", mat, mat))
             if not np.all(np.isfinite(norms)):
                 return ["too_large"], None, shapes
-            C = self.sensitivity
+            C = self.clip_norm
             if self.clipping == "client":
                 if np.any(norms > C):
                     return ["norm"], None, shapes

@@ -137,7 +137,8 @@ class SupportGatewayStrategy(Strategy):
     ``rng`` (fedmem's noise; required for ``dp="fedmem"``), ``sampling`` (``"secure"``,
     the default; ``"fast"`` is numpy's float sampler and not DP), ``clipping`` (``"server"``, the
     default: every reply is clipped to L2 <= ``sensitivity`` by the wrapper; ``"client"``: a round
-    with a reply above it is refused; :class:`fedmem.flower.core.GatewayCore`).
+    with a reply above it is refused; :class:`fedmem.flower.core.GatewayCore`), ``clip_norm``
+    (the per-reply L2 bound enforced; default ``sensitivity``; larger for record-level adjacency).
     """
 
     def __init__(self, strategy: Strategy, accountant: Accountant, *, num_sampled_clients: int,
@@ -145,7 +146,7 @@ class SupportGatewayStrategy(Strategy):
                  public_num_examples: int | None = None, public_metric_keys=(),
                  epsilon_budget: float = 10.0, total_epsilon_budget: float = 100.0, delta: float = 1e-6,
                  principal: str | None = None, rng: np.random.Generator | None = None,
-                 sampling: str = "secure", clipping: str = "server") -> None:
+                 sampling: str = "secure", clipping: str = "server", clip_norm: float | None = None) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
             hint = (" (a Message-API strategy: use fedmem.flower.GatewayStrategy)"
@@ -189,7 +190,8 @@ class SupportGatewayStrategy(Strategy):
                                 sensitivity=sens, public_num_examples=public_num_examples,
                                 public_metric_keys=public_metric_keys, epsilon_budget=epsilon_budget,
                                 total_epsilon_budget=total_epsilon_budget, delta=delta, principal=principal,
-                                rng=rng, sampling=sampling, mode=mode, label="flower", clipping=clipping)
+                                rng=rng, sampling=sampling, mode=mode, label="flower", clipping=clipping,
+                                clip_norm=clip_norm)
 
     # ------------------------------------------------------------------ the core's state, by name
     gateway = property(lambda self: self.core.gateway)

@@ -77,14 +77,17 @@ class GatewayStrategy(Strategy):
     ``sampling`` (``"secure"``; ``"fast"`` is numpy's float sampler, not DP); ``clipping``
     (``"server"``, the default: the wrapper clips every reply to L2 <= ``sensitivity``, as
     Flower's ``DifferentialPrivacyServerSideFixedClipping``; ``"client"``: a round with a reply
-    above it is refused, for clients that clip with :func:`fedmem.flower.mods.fixedclipping_mod`).
+    above it is refused, for clients that clip with :func:`fedmem.flower.mods.fixedclipping_mod`);
+    ``clip_norm`` (the per-reply L2 bound enforced; default ``sensitivity``; larger for
+    record-level adjacency, :class:`fedmem.flower.core.GatewayCore`).
     """
 
     def __init__(self, strategy: Strategy, noise_multiplier: float, sensitivity: float, num_sampled_clients: int,
                  *, public_num_examples: int | None = None, rng: np.random.Generator | None = None,
                  accountant=None, ledger: Accountant | None = None, epsilon_budget: float = 10.0,
                  total_epsilon_budget: float = 100.0, delta: float = 1e-6, principal: str | None = None,
-                 public_metric_keys=(), sampling: str = "secure", clipping: str = "server") -> None:
+                 public_metric_keys=(), sampling: str = "secure", clipping: str = "server",
+                 clip_norm: float | None = None) -> None:
         super().__init__()
         if not isinstance(strategy, Strategy):
             hint = (" (a legacy strategy: use fedmem.flower.SupportGatewayStrategy)"
@@ -101,7 +104,7 @@ class GatewayStrategy(Strategy):
                                 public_metric_keys=keys, epsilon_budget=epsilon_budget,
                                 total_epsilon_budget=total_epsilon_budget, delta=delta, principal=principal,
                                 rng=rng, sampling=sampling, mode="fedmem", label="flower-message",
-                                clipping=clipping)
+                                clipping=clipping, clip_norm=clip_norm)
         self.accountant = accountant
         if accountant is not None:
             self._check_flower_accountant(accountant)

@@ -127,7 +127,10 @@ def _run(spec: dict) -> dict:
         acc = Accountant(spec.get("accountant", "rdp"), store=DurableStore(spec["ledger"]), name=spec["ledger_name"])
         kw = dict(num_sampled_clients=m, public_num_examples=spec["k_local"],
                   epsilon_budget=spec["epsilon_budget"], total_epsilon_budget=spec["total_epsilon_budget"],
-                  delta=spec["delta"], sensitivity=spec["sensitivity"])
+                  delta=spec["delta"], sensitivity=spec["sensitivity"],
+                  # record-level adjacency: the server enforces the public reply bound (every coordinate of a
+                  # reply lies on the SecAgg+ grid in [-R, R]), the booking is one record's change
+                  clip_norm=grid.clipping_range * float(np.sqrt(spec["value_dim"] + 1)))
         if flower_dp:
             gw = SupportGatewayStrategy(inner, acc, dp="flower", **kw)
         else:

@@ -48,8 +48,10 @@ def _message(acc=None, *, total=math.inf, seed=0, inner=None, **kw):
 # ------------------------------------------------------------------ construction
 def test_range_check_at_construction_names_the_arguments():
     with pytest.raises(ValueError, match=r"num_sampled_clients x sensitivity.*num_sampled_clients=3, "
-                                         r"sensitivity=1.0, noise_multiplier=1e-10"):
+                                         r"sensitivity=1.0, clip_norm=1.0, noise_multiplier=1e-10"):
         _core(noise_multiplier=1e-10)
+    with pytest.raises(ValueError, match=r"clip_norm=1e\+30"):
+        _core(clip_norm=1e30)
     core = _core()
     assert core.grid == 2.0 ** -18           # issue 37's configuration: C = 1, sigma 4 -> g = 2^-18
     assert M * (core.sensitivity / core.grid + 1) < RANGE_LIMIT
@@ -78,6 +80,9 @@ def test_server_clipping_bounds_every_reply_and_client_clipping_refuses():
     assert np.linalg.norm(mat, axis=1) == pytest.approx([1.0, 0.5, 0.0])
     assert _core(clipping="client").prepare(reps)[0] == ["norm"]
     assert _core(clipping="client").prepare([[np.array([0.6, 0.8])], [np.zeros(2)], [np.zeros(2)]])[0] == []
+    # record-level adjacency: the enforced per-reply bound is clip_norm, the booking stays sensitivity
+    _, mat, _ = _core(clip_norm=10.0).prepare(reps)
+    assert np.linalg.norm(mat, axis=1) == pytest.approx([10.0, 0.5, 0.0])
     # float32 / float16 replies are floats: accepted (as float64)
     assert _core().prepare([[np.ones(2, np.float32) * .1], [np.zeros(2, np.float16)], [np.zeros(2)]])[0] == []
 
