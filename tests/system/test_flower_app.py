@@ -10,6 +10,14 @@ connection (``address = ":local:"``) with 3 SuperNodes. ``flwr run`` would start
 SuperLink itself, detached, and leave it running (and gives it 15 s, too little on a loaded
 machine); the test starts that same SuperLink command first, on a free port, in its own
 session, and stops exactly that process group at the end.
+
+The Flower-defaults tests run a fresh copy of the app exactly as its README says, with a fresh
+``FLWR_HOME`` (no ``config.toml``: Flower writes its default, 2 SuperNodes) and ``flwr run`` starting
+its own local SuperLink (on free ports; the test stops that SuperLink, found by its ``FLWR_HOME``, at
+the end): the run completes without SecAgg+ (one warning line: SecAgg+ needs >= 3) and prints the
+privacy spent; a ClientApp that replies its real dataset size as ``num-examples`` ends the run with one
+``fedmem: error:`` line saying what was expected and what came back. (Flower 1.42's ``flwr run``
+returns 0 whatever the run's outcome; the run itself fails with Flower's exit code 700.)
 """
 
 from __future__ import annotations
@@ -100,3 +108,76 @@ def test_flwr_run_of_the_example_app_completes_offline_and_prints_the_privacy_sp
     assert eps == pytest.approx(epsilon_of(2.0, 1e-6, rounds=3), abs=1e-4)     # run config: sigma 2, delta 1e-6
     assert "Flower accountant: epsilon=" in line
     print(f"flwr run wall time: {wall:.1f} s")
+
+
+def _flwr_defaults_run(tmp_path, patch=None, args=()):
+    """``flwr run . --stream`` in a fresh copy of the app with a fresh FLWR_HOME (Flower's defaults)."""
+    flwr = shutil.which("flwr", path=str(BIN)) or shutil.which("flwr")
+    if not flwr:
+        pytest.skip("Flower's CLI (flwr) is not installed")
+    app = tmp_path / "flower-app"
+    shutil.copytree(APP, app, ignore=shutil.ignore_patterns("__pycache__"))
+    if patch is not None:
+        patch(app)
+    home = tmp_path / "flwr-home"
+    env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1",
+               FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(_free_port()), FLWR_LOCAL_CONTROL_API_PORT=str(_free_port()),
+               RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO="0", PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               RAY_ADDRESS="local")
+    try:
+        proc = subprocess.run([flwr, "run", ".", "--stream", *args], cwd=app, env=env, capture_output=True,
+                              text=True, timeout=400)
+    finally:
+        _stop_superlink_of(home)
+    return proc, proc.stdout + proc.stderr
+
+
+def _stop_superlink_of(home: Path) -> None:
+    """Stop the local SuperLink ``flwr run`` started for ``home`` (its command line names home's database)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"flower-superlink" in c for c in cmd) and any(str(home).encode() in c for c in cmd):
+            try:
+                os.kill(int(d.name), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.slow
+def test_flwr_run_with_flowers_defaults_completes_without_secagg_and_prints_the_privacy_spent(tmp_path):
+    proc, out = _flwr_defaults_run(tmp_path)
+    assert proc.returncode == 0, out[-4000:]
+    lines = proc.stdout.splitlines()
+    assert any(ln.startswith("fedmem: warning: SecAgg+ needs >= 3 SuperNodes, found 2") for ln in lines), out[-4000:]
+    assert [ln for ln in lines if ln.startswith("round ")] == ["round 1: admitted", "round 2: admitted",
+                                                              "round 3: admitted"], out[-4000:]
+    line = next(ln for ln in lines if ln.startswith("privacy spent: epsilon="))
+    from fedmem.flower.core import epsilon_of
+
+    assert float(line.split("epsilon=")[1].split()[0]) == pytest.approx(epsilon_of(2.0, 1e-6, rounds=3), abs=1e-4)
+    assert "Traceback" not in out
+
+
+@pytest.mark.slow
+def test_a_client_reporting_its_dataset_size_ends_the_run_with_one_readable_line(tmp_path):
+    def real_size(app: Path) -> None:
+        f = app / "fedmem_app" / "client_app.py"
+        src = f.read_text()
+        new = src.replace('MetricRecord({"num-examples": k})', 'MetricRecord({"num-examples": len(keys)})')
+        assert new != src
+        f.write_text(new)
+
+    proc, out = _flwr_defaults_run(tmp_path, patch=real_size)
+    lines = proc.stdout.splitlines()
+    expected = ("round 1 refused (num_examples: every reply must carry num-examples = 5 (run config k-local, the "
+                "public constant of the contract); the replies carried [20]): nothing released, nothing booked")
+    assert expected in lines, out[-4000:]
+    err = [ln for ln in lines if ln.startswith("fedmem: error:")]
+    assert len(err) == 1 and "1 round(s) refused (max-refused-rounds = 1)" in err[0], out[-4000:]
+    assert not any(ln.startswith("privacy spent") for ln in lines)

@@ -1,7 +1,11 @@
 """A memory shard as a ClientApp: one round = one query, answered by local top-k' + threshold selection.
 
-Reply (the fedmem client contract): ``[clipped local value sum, match count]`` with weight
-``num-examples = k'`` (the public constant, never the match count), no other metric. With
+Reply (the fedmem client contract, docs/flower.md): ``[clipped local value sum, match count]``
+with weight ``num-examples = k'`` (the public constant, never the match count: a reply with
+another weight is refused, and the ServerApp says what it expected and what came back), no
+other metric, float arrays of one fixed shape, L2 norm at most ``task.reply_bound`` (clipped
+here by ``fedmem.flower.mods.fixedclipping_mod``, innermost mod, and enforced again by the
+gateway on the server). With
 SecAgg+ (run config ``secagg = true``, the default) the round arrives through Flower's
 ``SecAggPlusWorkflow`` in its legacy record format and ``secaggplus_mod`` masks the reply; the
 values are put on SecAgg+'s quantization grid first (``fedmem.flower.SecAggGrid``), so the
@@ -21,8 +25,9 @@ from flwr.compat.common import recorddict_compat as compat
 
 from fedmem.flower import SecAggGrid
 from fedmem.flower.apps import local_selection
+from fedmem.flower.mods import clip_record
 
-from .task import query, shard
+from .task import query, reply_bound, shard
 
 
 def secagg_if_requested(msg: Message, context: Context, call_next):
@@ -32,7 +37,17 @@ def secagg_if_requested(msg: Message, context: Context, call_next):
     return call_next(msg, context)
 
 
-app = ClientApp(mods=[secagg_if_requested])
+def clip_to_contract(msg: Message, context: Context, call_next):
+    """fedmem's fixedclipping_mod at the run's public reply bound (innermost: it sees the reply before
+    secaggplus_mod masks it)."""
+    out = call_next(msg, context)
+    if msg.metadata.message_type == MessageType.TRAIN and not out.has_error():
+        for name in list(out.content.array_records.keys()):
+            out.content[name] = clip_record(out.content.array_records[name], reply_bound(context.run_config))
+    return out
+
+
+app = ClientApp(mods=[secagg_if_requested, clip_to_contract])
 
 
 @app.train()

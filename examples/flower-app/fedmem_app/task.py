@@ -29,3 +29,13 @@ def sensitivity(run_config) -> float:
     """L2 change of the reply sum when one record is replaced: the top-k' value sum by <= 2 clip,
     the match count by <= 1."""
     return math.sqrt((2.0 * float(run_config["clip"])) ** 2 + 1.0)
+
+
+def reply_bound(run_config) -> float:
+    """Public L2 bound of one reply ``[top-k' value sum, match count]``: the sum of k' values of norm <= clip,
+    the count <= k', plus the SecAgg+ grid's rounding of every coordinate (half a step each). The client
+    clips to it (fixedclipping_mod) and the server enforces it (the gateway's clip_norm)."""
+    k, clip = int(run_config["k-local"]), float(run_config["clip"])
+    d = int(run_config["value-dim"]) + 1
+    step = 2.0 * float(run_config["secagg-clipping-range"]) / 2 ** 22
+    return math.sqrt((k * clip) ** 2 + k ** 2) + step * math.sqrt(d)
