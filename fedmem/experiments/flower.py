@@ -283,6 +283,47 @@ def _fault_report(runs: dict, kind_of: dict, f, alpha) -> tuple[list, dict]:
     return rows, faults
 
 
+def _malicious_rows(cfg, ctx, metrics: dict) -> Table | None:
+    """Step 7: the hostile-ClientApp games (fedmem.attacks.malicious_client) against both wrappers, each
+    with its companion broken variant (the pre-issue-37 wrapper, one defect on), judged by the one rule."""
+    mc = cfg.malicious
+    if not mc.enabled:
+        return None
+    from fedmem.attacks.malicious_client import run_attack  # lazy: loads flwr, scipy (~2.6 s)
+
+    rows, out = [], []
+    seed = int(ctx.rng("malicious").integers(2 ** 31))
+    for attack in mc.attacks:
+        timing = attack == "release_timing"
+        kw = dict(trials=mc.trials, num_sampled_clients=mc.clients, sensitivity=mc.sensitivity, seed=seed,
+                  alpha=cfg.attack.alpha, delta=cfg.federation.delta,
+                  noise_multiplier=mc.timing_noise_multiplier if timing else mc.noise_multiplier)
+        if timing:
+            kw.update(dim=mc.timing_dim, repeats=mc.timing_repeats)
+        for api, broken in (("legacy", False), ("message", False), ("legacy", True)):
+            ctx.log(f"malicious client: {attack} ({api}{', broken variant' if broken else ''})")
+            r = run_attack(attack, api=api, broken=broken, **kw)
+            out.append(r.as_dict())
+            rows.append([attack, r.api, r.variant, f"{r.released[0]}/{r.trials} | {r.released[1]}/{r.trials}",
+                         str(r.escaped), str(r.values_in_text), f"{r.eps_booked:.2f}", r.verdict.text,
+                         "holds" if r.holds() else "FAILS"])
+    metrics["malicious_client"] = out
+    metrics["malicious_client_holds"] = all(r["holds"] for r in out if r["variant"] == "fedmem")
+    metrics["malicious_client_broken_caught"] = all(not r["holds"] for r in out if r["variant"] != "fedmem")
+    return Table("Hostile ClientApps against the Flower wrappers (fedmem.attacks.malicious_client), with the broken "
+                 "variants", ["attack", "API", "wrapper", "released (world 0 | world 1)", "exceptions out",
+                              "honest sum in a text", "booked eps / round", "verdict", "row"], rows,
+                 note=f"{mc.trials} rounds per world, m = {mc.clients} (node 0 malicious, node 1 the target: 0 or "
+                      f"a contribution of norm C = {mc.sensitivity:g}), noise multiplier {mc.noise_multiplier:g} "
+                      f"(timing: {mc.timing_noise_multiplier:g}, d = {mc.timing_dim}, smallest CPU time of "
+                      f"{mc.timing_repeats} aggregations per trial, worlds interleaved at random in this process). "
+                      f"A row holds when the verdict is not LEAK, no exception left the wrapper, nothing was booked "
+                      f"without a release and no text carried the honest sum. Broken variant: the pre-issue-37 "
+                      f"legacy wrapper with one defect on (no server clipping / exceptions out with their text / "
+                      f"math.fsum sum). Wrapper rows hold: {metrics['malicious_client_holds']}; broken variants "
+                      f"caught: {metrics['malicious_client_broken_caught']}.")
+
+
 def run(cfg, ctx) -> Result:
     f, a = cfg.federation, cfg.attack
     plan = _plan(cfg, ctx)
@@ -337,6 +378,9 @@ def run(cfg, ctx) -> Result:
                    f"inner strategy's aggregate (both recorded), pooled over coordinates and rounds, chi-square CI. "
                    f"Gateway ledgers equal the composition of admitted rounds (nothing lost): {ledgers}."),
     ]
+    hostile = _malicious_rows(cfg, ctx, metrics)
+    if hostile is not None:
+        tables.append(hostile)
     sections = [("What each observer sees", _explain(f)), ("Faults, read", explain_faults(faults, m))]
     metrics["verdict"] = metrics["verdict_defended"]
     return Result(metrics=metrics, tables=tables, sections=sections)

@@ -64,6 +64,27 @@ SCHEMA = {
         "stall_s": Param(float, 4.0, "how much later than the deadline a dropped-out ClientApp replies",
                          check=positive),
     },
+    "malicious": {
+        "enabled": Param(bool, True, "run the hostile-ClientApp rows (fedmem.attacks.malicious_client) in this "
+                         "process against both wrappers, each with its companion broken variant"),
+        "attacks": Param(list, ["range_limit_oracle", "non_finite", "out_of_contract_norm", "release_timing"],
+                         "which attacks of fedmem.attacks.malicious_client.ATTACKS", item_type=str,
+                         check=lambda v: None if v and all(a in ("range_limit_oracle", "non_finite",
+                                                                   "out_of_contract_norm", "release_timing")
+                                                           for a in v) else
+                         f"must be a non-empty list of range_limit_oracle, non_finite, out_of_contract_norm, "
+                         f"release_timing, found {v!r}"),
+        "trials": Param(int, 200, "rounds per world of each game", check=at_least(4)),
+        "clients": Param(int, 3, "sampled clients m (one malicious, one target, the rest honest)", check=at_least(2)),
+        "sensitivity": Param(float, 1.0, "C: sensitivity and per-reply clip norm", check=positive),
+        "noise_multiplier": Param(float, 4.0, "noise multiplier of the games (issue 37: 4, 1.14 booked)",
+                                  check=positive),
+        "timing_noise_multiplier": Param(float, 8.0, "noise multiplier of the timing game (0.55 booked)",
+                                         check=positive),
+        "timing_dim": Param(int, 2048, "reply dimension of the timing game", check=at_least(1)),
+        "timing_repeats": Param(int, 5, "aggregations per timing trial (the score is the smallest CPU time)",
+                                check=at_least(1)),
+    },
     "data": {
         "clusters": Param(int, 8, "topics", check=at_least(1)),
         "spread": Param(float, 0.35, "key spread around a topic centre", check=positive),
