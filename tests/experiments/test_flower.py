@@ -75,3 +75,30 @@ def test_ray_engine_column_same_data_exact_receipts_leak_noised_ones_are_booked(
     rep = membership_report(dfd["pos"], dfd["neg"], delta=1e-6, rng=np.random.default_rng(0),
                             epsilon_claim=max(dfd["booked"]))
     assert rep.ceiling_violations == 0
+
+
+# ---------------------------------------------------------------- the hostile-ClientApp rows (issue 37)
+def test_malicious_client_rows_hold_for_the_wrappers_and_catch_the_broken_variants():
+    """The scenario's hostile-ClientApp table (fedmem.experiments.flower._malicious_rows) on a small run:
+    every wrapper row holds, every broken-variant row is caught (the same Row.holds)."""
+    from fedmem.errors import ScenarioError
+    from fedmem.experiments.flower import _malicious_rows
+    from fedmem.registry import load_scenario
+
+    path = ROOT / "scenarios" / "flower_support_leak.toml"
+    cfg = load_scenario(path, ["malicious.trials=40",
+                               'malicious.attacks=["range_limit_oracle", "out_of_contract_norm"]']).config
+
+    class _Ctx:
+        def rng(self, *names):
+            return np.random.default_rng(11)
+
+        def log(self, msg):
+            pass
+
+    metrics: dict = {}
+    table = _malicious_rows(cfg, _Ctx(), metrics)
+    assert metrics["malicious_client_holds"] and metrics["malicious_client_broken_caught"], metrics
+    assert len(table.rows) == 6 and [r[-1] for r in table.rows] == ["holds", "holds", "FAILS"] * 2
+    with pytest.raises(ScenarioError, match=r"malicious\.attacks"):
+        load_scenario(path, ['malicious.attacks=["nope"]'])
