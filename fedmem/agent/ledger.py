@@ -106,3 +106,125 @@ class AgentLedger:
         total = float(acc.spent(delta)) if acc.count else 0.0
         return {"epsilon": total, "delta": delta, "federation_only": parts["federation"], "events": acc.count,
                 "federation_events": n}
+
+
+# ------------------------------------------------------------------------------ the driver's seal
+_SEAL_TABLES = (("ledger_charges", "id, ledger, attrs, epsilon, label, ts"),
+                ("accountant_events", "id, accountant, event, label, ts"),
+                ("ledger_caps", "ledger, attr, cap"),
+                ("accountant_meta", "accountant, kind, budget_epsilon, budget_delta"))
+
+
+class LedgerSeal:
+    """A keyed MAC chain over the rows of each agent's ledger, kept by the session's driver.
+
+    After each step of an agent the driver reads the agent's ledger file (it may not trust
+    it: the agent's uid writes it) and appends every row it has not sealed yet to the chain
+    ``mac_i = HMAC(key, mac_{i-1} || user || table || row)``; the chain lives in ``seal_path``
+    and the key in ``key_path`` (both mode 0600, the driver's uid: never in an agent). The
+    key is created once per run folder, so a resumed session continues the same chain.
+    :meth:`verify` recomputes the chain over the file as it is now: a row that was never
+    sealed (written outside the agent's steps: by a leftover process, by another session, or
+    after the agent's last step), a sealed row that changed, or one that is gone, is a problem.
+    """
+
+    def __init__(self, seal_path, key_path):
+        import os
+        import sqlite3
+
+        self.seal_path, self.key_path = str(seal_path), str(key_path)
+        fd = None
+        try:
+            fd = os.open(self.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            os.write(fd, os.urandom(32))
+        except FileExistsError:
+            pass
+        finally:
+            if fd is not None:
+                os.close(fd)
+        with open(self.key_path, "rb") as fh:
+            self._key = fh.read()
+        if len(self._key) != 32:
+            raise ValueError(f"key_path must hold a 32-byte key. Found {len(self._key)} bytes.")
+        self._db = sqlite3.connect(self.seal_path, check_same_thread=False, isolation_level=None)
+        os.chmod(self.seal_path, 0o600)
+        self._db.execute("CREATE TABLE IF NOT EXISTS seal (user TEXT NOT NULL, seq INTEGER NOT NULL, "
+                         "tbl TEXT NOT NULL, row TEXT NOT NULL, mac TEXT NOT NULL, PRIMARY KEY (user, seq))")
+        import threading
+
+        self._lock = threading.Lock()
+
+    def _mac(self, prev: str, user: str, tbl: str, row: str) -> str:
+        import hashlib
+        import hmac
+
+        return hmac.new(self._key, "\x1f".join((prev, user, tbl, row)).encode(), hashlib.sha256).hexdigest()
+
+    @staticmethod
+    def _rows(path, uid) -> list[tuple[str, str]]:
+        """(table, row as JSON) of every row of the ledger file at ``path``, read-only; the file must
+        be a regular file (not a link) owned by ``uid`` (when given)."""
+        import os
+        import sqlite3
+        import stat
+
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+            raise ValueError(f"ledger file is not a regular file of the agent's uid (mode {st.st_mode:o})")
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+        try:
+            have = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            out = []
+            for tbl, cols in _SEAL_TABLES:
+                if tbl not in have:
+                    continue
+                order = "id" if cols.startswith("id") else cols.split(",")[0]
+                for r in con.execute(f"SELECT {cols} FROM {tbl} ORDER BY {order}"):  # noqa: S608 - fixed names
+                    out.append((tbl, json.dumps(list(r))))
+            return out
+        finally:
+            con.close()
+
+    def sealed(self, user: str) -> list[tuple[str, str, str]]:
+        with self._lock:
+            return [tuple(r) for r in self._db.execute("SELECT tbl, row, mac FROM seal WHERE user=? ORDER BY seq",
+                                                       (user,))]
+
+    def attest(self, user: str, path, uid=None) -> int:
+        """Seal the rows of ``user``'s ledger not sealed yet; returns how many. Sealed rows that
+        changed are not re-sealed (``verify`` reports them)."""
+        rows = self._rows(path, uid)
+        done = self.sealed(user)
+        have = {(t, r) for t, r, _ in done}
+        prev = done[-1][2] if done else ""
+        new = [(t, r) for t, r in rows if (t, r) not in have]
+        with self._lock:
+            for i, (t, r) in enumerate(new):
+                prev = self._mac(prev, user, t, r)
+                self._db.execute("INSERT INTO seal VALUES (?, ?, ?, ?, ?)", (user, len(done) + i, t, r, prev))
+        return len(new)
+
+    def verify(self, user: str, path, uid=None) -> list[str]:
+        """Problems of ``user``'s ledger against its seal ([] when every row is sealed and intact)."""
+        try:
+            rows = self._rows(path, uid)
+        except Exception as exc:  # noqa: BLE001
+            return [f"ledger unreadable: {type(exc).__name__}"]
+        problems = []
+        prev = ""
+        sealed = set()
+        for t, r, mac in self.sealed(user):
+            prev_ok = self._mac(prev, user, t, r)
+            if prev_ok != mac:
+                problems.append("the seal's chain is broken")
+                break
+            prev = mac
+            sealed.add((t, r))
+        now = set(rows)
+        extra = [x for x in rows if x not in sealed]
+        gone = sealed - now
+        if extra:
+            problems.append(f"{len(extra)} ledger rows were never sealed (written outside the agent's steps)")
+        if gone:
+            problems.append(f"{len(gone)} sealed ledger rows are missing or changed")
+        return problems

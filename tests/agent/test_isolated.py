@@ -388,6 +388,7 @@ def test_isolated_agent_reaches_nothing_but_its_rpc(isolated_run, ray_local):
     assert all(c == {"federation": [], "memview": [], "brace": [], "dpmind": []} for c in checks.values())
     spend = s.call("spend")
     audit = ray.get(s.fed.audit.remote())
+    assert not s.failed, s.failed
     for u in probes:
         sp = spend[u]
         admitted = sum(1 for a in audit if a.principal == s.principals[u] and a.decision.startswith("admitted"))

@@ -80,7 +80,7 @@ class _RpcResponder:
         self._rpc, self.kind = rpc, kind
 
     def respond(self, messages) -> str:
-        return self._rpc.call("respond", self.kind, [dict(m) for m in messages])
+        return self._rpc.call("respond", self.kind, [{str(k): str(v) for k, v in dict(m).items()} for m in messages])
 
 
 class AgentProcess:  # pragma: no cover - runs in the agent process

@@ -8,7 +8,13 @@ import pickle
 import socket
 import struct
 
-MAX_FRAME = 64 * 1024 * 1024
+import threading
+import time
+
+MAX_FRAME = 64 * 1024 * 1024          # session -> agent (trusted side)
+AGENT_MAX_FRAME = 8 * 1024 * 1024     # agent -> session, per frame (IsolatedSession(max_frame=...))
+FRAME_DEADLINE_S = 20.0               # once a frame's first byte arrived, all of it within this (frame_deadline_s)
+FRAME_BUDGET = 64 * 1024 * 1024       # bytes of agent frames the session buffers at once, all agents (frame_budget)
 CALLS = ("connect", "retrieve", "spent", "bookings", "project", "respond")
 
 _ALLOWED = {
@@ -62,20 +68,75 @@ def send(sock: socket.socket, obj) -> None:
     sock.sendall(struct.pack(">I", len(data)) + data)
 
 
-def recv_bytes(sock: socket.socket) -> bytes:
-    head = _recv_exact(sock, 4)
+class FrameBudget:
+    """Bytes of untrusted frames buffered at once, over all connections: a reader reserves a
+    frame's announced size before reading its body (and waits at most ``timeout_s`` for room)."""
+
+    def __init__(self, total: int):
+        self.total = int(total)
+        self.used = 0
+        self.peak = 0
+        self._cv = threading.Condition()
+
+    def acquire(self, n: int, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        with self._cv:
+            while self.used + n > self.total:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise AgentDied(f"no frame budget for {n} bytes")
+                self._cv.wait(left)
+            self.used += n
+            self.peak = max(self.peak, self.used)
+
+    def release(self, n: int) -> None:
+        with self._cv:
+            self.used -= n
+            self._cv.notify_all()
+
+
+def recv_bytes(sock: socket.socket, *, max_frame: int = MAX_FRAME, deadline_s: float | None = None,
+               budget: FrameBudget | None = None) -> bytes:
+    """One frame. The wait for its first byte follows the socket's timeout; from then on the whole
+    frame (header and body) must arrive within ``deadline_s`` (None: no deadline), an announced
+    size above ``max_frame`` is refused before any of the body is read, and the body's bytes are
+    reserved in ``budget`` while it is read."""
+    first = sock.recv(1)
+    if not first:
+        raise EOFError("connection closed")
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    head = first + _recv_exact(sock, 3, end)
     n = struct.unpack(">I", head)[0]
-    if n > MAX_FRAME:
-        raise AgentDied(f"frame of {n} bytes exceeds {MAX_FRAME}")
-    return _recv_exact(sock, n)
+    if n > max_frame:
+        raise AgentDied(f"frame of {n} bytes exceeds {max_frame}")
+    if budget is None:
+        return _recv_exact(sock, n, end)
+    budget.acquire(n, 5.0 if deadline_s is None else deadline_s)
+    try:
+        return _recv_exact(sock, n, end)
+    finally:
+        budget.release(n)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, end: float | None = None) -> bytes:
     buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise EOFError("connection closed")
-        buf += chunk
+    old = sock.gettimeout() if end is not None else None
+    try:
+        while len(buf) < n:
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise AgentDied("frame deadline passed")
+                sock.settimeout(left)
+            try:
+                chunk = sock.recv(min(n - len(buf), 1 << 20))
+            except socket.timeout:
+                raise AgentDied("frame deadline passed") from None
+            if not chunk:
+                raise EOFError("connection closed")
+            buf += chunk
+    finally:
+        if end is not None:
+            sock.settimeout(old)
     return bytes(buf)
 

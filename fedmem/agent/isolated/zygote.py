@@ -49,8 +49,10 @@ def zygote_preexec():  # pragma: no cover - runs in the child between fork and e
         pass
 
 
-def zygote_main() -> None:  # pragma: no cover - runs in the zygote process
-    """Import the agent code once, then fork one child per request line on stdin."""
+def zygote_main(ctl_fd: int) -> None:  # pragma: no cover - runs in the zygote process
+    """Import the agent code once, then fork one child per request on the control socket
+    ``ctl_fd`` (SOCK_SEQPACKET from the session: one JSON request per message, carrying the
+    agent's end of its connection and the write end of its output pipe)."""
     import signal
 
     import fedmem.agent.brace  # noqa: F401
@@ -70,21 +72,31 @@ def zygote_main() -> None:  # pragma: no cover - runs in the zygote process
         except Exception:  # noqa: BLE001 - optional (e.g. pytest outside the test suite)
             pass
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)        # children are reaped automatically
-    print("{}", flush=True)
+    ctl = socket.socket(fileno=ctl_fd)
+    ctl.send(b"{}")
+    me = os.getpid()
     while True:
-        line = sys.stdin.readline()
-        if not line:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 1 << 16, 2)
+        except OSError:
+            return
+        if not msg:
             return
         try:
-            req = json.loads(line)
+            req = json.loads(msg)
+            if len(fds) != 2:
+                raise ValueError("a request carries two descriptors")
             pid = os.fork()
         except Exception as exc:  # noqa: BLE001
-            print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+            for fd in fds:
+                os.close(fd)
+            ctl.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
             continue
         if pid == 0:
             code = 1
             try:
-                _child(req, table, codec)
+                ctl.close()                   # the agent never holds the zygote's control socket
+                _child(req, fds[0], fds[1], me, table, codec)
                 code = 0
             except BaseException:  # noqa: BLE001
                 import traceback
@@ -92,34 +104,52 @@ def zygote_main() -> None:  # pragma: no cover - runs in the zygote process
                 traceback.print_exc()
             finally:
                 os._exit(code)
-        print(json.dumps({"pid": pid}), flush=True)
+        for fd in fds:
+            os.close(fd)
+        ctl.send(json.dumps({"pid": pid}).encode())
 
 
-def _child(req: dict, table, codec) -> None:  # pragma: no cover - runs in the agent process
+def _child(req: dict, sock_fd: int, out_fd: int, zygote_pid: int, table, codec) -> None:  # pragma: no cover
     import ctypes
     import signal
 
+    from fedmem.agent.isolated.sandbox import after_drop, confine_child, pids_of_uid
+
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    devnull = os.open(os.devnull, os.O_RDWR)
+    devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
-    os.dup2(devnull, 1)                                  # never write into the zygote's pipe
+    os.dup2(out_fd, 1)                # stdout and stderr: a pipe the session reads and prefixes
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    os.close(devnull)
+    sock = socket.socket(fileno=sock_fd)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != zygote_pid:
+        os._exit(1)
+    applied = {}
+    if req.get("uid") is not None:
+        applied = confine_child(req, libc)
     if req.get("netns"):
         if libc.unshare(CLONE_NEWNET) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
     if req.get("uid") is not None:
+        uid = int(req["uid"])
+        if pids_of_uid(uid):          # an identity is never reused while anything of it lives
+            raise OSError(f"uid {uid} still has processes: refusing to start the agent")
         finder = _DirFdFinder([q for q in sys.path if q and os.path.isabs(q)])   # opened while still root
         os.setgroups([])
         os.setgid(int(req["gid"]))
-        os.setuid(int(req["uid"]))
-        if os.getuid() != int(req["uid"]) or os.geteuid() != int(req["uid"]):
+        os.setuid(uid)
+        if os.getuid() != uid or os.geteuid() != uid or os.getresuid() != (uid, uid, uid):
             raise OSError("failed to drop privileges")
+        after_drop(libc, zygote_pid)      # no_new_privs; the parent-death signal again (setuid cleared it)
         sys.meta_path.append(finder)       # after the interpreter's own finders: only what they cannot read
+        applied["no_new_privs"] = True
     os.umask(0o077)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(req["sock"])
-    send(sock, ("hello", req["secret"]))
+    secret = bytes.fromhex(req["secret"])
+    sock.sendall(secret)                  # fixed size, first: nothing larger is read before it matches
+    send(sock, ("hello", applied))
     AgentProcess(sock, table, codec).serve()
 
 
