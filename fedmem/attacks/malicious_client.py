@@ -142,7 +142,13 @@ def _pre_issue_class():
                 else:
                     total = core.fixed_point_sum(mat).astype(np.float64) * core.grid
                 mech = GaussianMechanism(sigma=core.noise_std_on_sum, l2_sensitivity=core.sensitivity)
-                noised = mech.release(total, core.rng, sampling=core.sampling)   # its range error names the sum
+                g = core.grid
+                if np.any(np.abs(np.round(total / g) * g) >= math.ldexp(g, 52)):
+                    # the sampler's range error as it read before issue 37: it named the value (the exact sum)
+                    raise ValueError(f"value is too large for exact secure release on the grid {g!r} (scale "
+                                     f"{core.noise_std_on_sum!r}): |value| must stay below {math.ldexp(g, 52)!r}. "
+                                     f"Found {float(np.max(np.abs(total)))!r}.")
+                noised = mech.release(total, core.rng, sampling=core.sampling)
                 core.book(server_round, decision, rec)
             except Exception:
                 if self.fail_open:
@@ -291,6 +297,22 @@ def _numbers(texts) -> list[float]:
 
 
 # ----------------------------------------------------------------------------- the games
+def _auc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """P(a world-1 score > a world-0 score) + half the ties (Mann-Whitney), by ranks."""
+    allv = np.r_[pos, neg]
+    order = np.argsort(allv, kind="mergesort")
+    ranks = np.empty(allv.size)
+    sv = allv[order]
+    i = 0
+    while i < sv.size:            # average ranks of ties
+        j = i
+        while j + 1 < sv.size and sv[j + 1] == sv[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[:pos.size].sum() - pos.size * (pos.size + 1) / 2) / (pos.size * neg.size))
+
+
 def _two_sided(judge, pos, neg, booked, delta, alpha, seed):
     """The verdict rule on the scores and on their negation, each at ``alpha / 2`` (the direction in which
     a channel separates the worlds is not known in advance); the worse of the two."""
@@ -365,7 +387,8 @@ def run_attack(attack: str, *, api: str = "legacy", trials: int = 200, broken: b
             escaped += s.error is not None
             booked_wo += s.out is None and s.booked > 0
             honest_sum = float(mal[0] + target[0])
-            if math.isfinite(honest_sum) and abs(honest_sum) > 0 and any(
+            # the sum is identifiable in a text when it is not a small or whole number (round numbers, counts)
+            if math.isfinite(honest_sum) and abs(honest_sum) >= 1 and honest_sum != round(honest_sum) and any(
                     abs(x - honest_sum) <= g for x in _numbers(_texts(s))):
                 in_text += 1
         released[w] += seen.out is not None
@@ -381,7 +404,46 @@ def run_attack(attack: str, *, api: str = "legacy", trials: int = 200, broken: b
     booked = gw.epsilon_per_round
     v = _two_sided(judge, np.asarray(scores[1], float), np.asarray(scores[0], float), booked, delta, alpha, seed)
     variant = "fedmem" if not broken else "broken: " + ", ".join(f"{k}={val}" for k, val in switches.items())
-    details = {"clipping": clipping, "noise_multiplier": noise_multiplier, "num_sampled_clients": m, "dim": dim}
+    details = {"clipping": clipping, "noise_multiplier": noise_multiplier, "num_sampled_clients": m, "dim": dim,
+               "auc": _auc(np.asarray(scores[1], float), np.asarray(scores[0], float))}
     if attack == "release_timing":
         details.update(repeats=repeats, median_s=[float(np.median(scores[k])) for k in (0, 1)])
     return Row(attack, variant, api, v, booked, trials, tuple(released), escaped, booked_wo, in_text, details)
+
+
+def main(argv=None) -> int:
+    """``python -m fedmem.attacks.malicious_client ATTACK [--api legacy|message] [--broken] [--trials N] ...``:
+    one row, printed as JSON (the measurements in docs/flower.md)."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m fedmem.attacks.malicious_client", description=main.__doc__)
+    p.add_argument("attack", choices=ATTACKS)
+    p.add_argument("--api", choices=APIS, default="legacy")
+    p.add_argument("--broken", action="store_true", help="the companion broken variant (pre-issue-37 wrapper)")
+    p.add_argument("--trials", type=int, default=200)
+    p.add_argument("--clients", type=int, default=3)
+    p.add_argument("--noise-multiplier", type=float, default=4.0)
+    p.add_argument("--sensitivity", type=float, default=1.0)
+    p.add_argument("--clipping", choices=("server", "client"), default="server")
+    p.add_argument("--dim", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    try:
+        row = run_attack(a.attack, api=a.api, trials=a.trials, broken=a.broken, num_sampled_clients=a.clients,
+                         noise_multiplier=a.noise_multiplier, sensitivity=a.sensitivity, clipping=a.clipping,
+                         dim=a.dim, repeats=a.repeats, seed=a.seed, clock=a.clock)
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return 2
+    d = row.as_dict()
+    print(json.dumps({k: d.get(k) for k in ("attack", "variant", "api", "verdict_text", "eps_booked", "trials",
+                                            "released", "escaped", "values_in_text", "holds", "auc", "median_s")},
+                     default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -54,7 +54,7 @@ def test_client_side_clipping_refuses_the_out_of_contract_reply_in_both_worlds()
 def test_release_timing_of_neighbouring_replies_has_power_and_holds():
     """In process, worlds interleaved at random; the broken variant (math.fsum per coordinate, whose time
     depends on the values) must be caught by the same check, with the same parameters."""
-    kw = dict(trials=150, dim=2048, repeats=5, noise_multiplier=8.0, seed=4)
+    kw = dict(trials=250, dim=2048, repeats=5, noise_multiplier=8.0, seed=4)
     broken = run_attack("release_timing", broken=True, **kw)
     assert not _check(broken), broken.as_dict()
     row = run_attack("release_timing", **kw)
