@@ -149,6 +149,8 @@ def run(cfg, ctx) -> Result:
             composed = sess.call("composed", cfg.report.delta)
             checks = sess.call("check", int(ctx.rng("check").integers(2**31)), a.check_contexts or None)
             exposures = sess.call("exposures")
+            ledger_seal = sess.verify_ledgers() if hasattr(sess, "verify_ledgers") else {}
+            failed = dict(getattr(sess, "failed", {}))
             timings["check_s"] = time.perf_counter() - t2
             t3 = time.perf_counter()
             done = {u: {r.task for r in res} for u, res in results.items()}
@@ -213,6 +215,9 @@ def run(cfg, ctx) -> Result:
                      s["brace"]["releases"], s["dpmind"]["epsilon_per_token"], s["dpmind"]["contexts"],
                      c["epsilon"], dom, f"{sum(correct)}/{len(correct)}"])
     problems = {u: {b: p for b, p in ch.items() if p} for u, ch in checks.items()}
+    for u, p in ledger_seal.items():           # the driver's seal: rows no step of the agent wrote
+        if p:
+            problems.setdefault(u, {})["ledger"] = p
     problems = {u: p for u, p in problems.items() if p}
     live = [r for r in rows if r[2] != "dead"]
     eps = np.array([[r[2], r[5], r[7]] for r in live], dtype=float).reshape(-1, 3)
@@ -223,7 +228,7 @@ def run(cfg, ctx) -> Result:
         "agents": a.n, "tasks": a.tasks, "agent_tasks_done": n_done, "timings": timings, "mode": a.mode,
         "isolation_enforced": enforced, "agent_memory": agent_mem,
         "driver_peak_rss_gb": peak_gb, "services": proj,
-        "dead_agents": dead,
+        "dead_agents": dead, "failed_agents": failed,
         "mean_epsilon": {"federation": float(eps[:, 0].mean()) if eps.size else None,
                          "memview_max_attribute": float(eps[:, 1].mean()) if eps.size else None,
                          "brace": float(eps[:, 2].mean()) if eps.size else None,

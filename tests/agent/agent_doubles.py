@@ -50,3 +50,64 @@ def lost_charges(ledger, released_contexts: int, released_feds: int) -> list[str
     if s["federation"]["releases"] < released_feds:
         problems.append(f"federation: {released_feds} releases, {s['federation']['releases']} on disk")
     return problems
+
+
+# ---- hostile agents (issue 38): attack the sandbox itself
+class DaemonForker(AgentClient):
+    """Forks 20 ``setsid`` daemons at its first step (they sleep, hoping to outlive the session)."""
+
+    def step(self, task):
+        if task.index == 0:
+            for _ in range(20):
+                if os.fork() == 0:
+                    try:
+                        os.setsid()
+                        if os.fork() == 0:
+                            time.sleep(600)
+                    finally:
+                        os._exit(0)
+        return super().step(task)
+
+
+class NoneResult(AgentClient):
+    """Its step returns ``None`` (a malformed result)."""
+
+    def step(self, task):
+        super().step(task)
+        return None
+
+
+class LedgerTamper(AgentClient):
+    """Writes a charge row into its own ledger outside any step (when asked for its spend)."""
+
+    def spend(self):
+        _raw_insert(self.ledger.store.path, self.user)
+        return super().spend()
+
+
+def _raw_insert(path, user):
+    import sqlite3
+
+    con = sqlite3.connect(str(path))
+    con.execute("INSERT INTO ledger_charges (ledger, attrs, epsilon, label, ts) VALUES (?,?,?,?,?)",
+                (f"agent/{user}/memview", "[]", 0.0, "forged", 0.0))
+    con.commit()
+    con.close()
+
+
+class FrameFlood(AgentClient):
+    """Announces a 64 MiB frame on its own connection and sends 4 MiB of it, then stalls."""
+
+    def step(self, task):
+        import socket
+        import struct
+
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    s = socket.socket(fileno=os.dup(int(fd)))
+                    s.sendall(struct.pack(">I", 64 << 20) + b"\0" * (4 << 20))
+            except OSError:
+                continue
+        time.sleep(30)
+        return super().step(task)
