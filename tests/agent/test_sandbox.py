@@ -53,6 +53,8 @@ def test_hostile_agents_fail_alone_and_leave_nothing(ray_local):
             assert len(set(uids.values())) == 5 and all(v >= 200000 for v in uids.values())
             res = s.run()
             rss1, threads1 = _rss_mib()
+            print(f"flood: driver {rss0:.0f} -> {rss1:.0f} MiB, {threads0} -> {threads1} threads; "
+                  f"limits {s.enforced['limits']}")
             # the flood: its oversized frame was refused before its body was read; only it died
             assert set(s.dead) == {flood} and "exceeds" in s.dead[flood]["error"], s.dead
             assert rss1 - rss0 < 256 and threads1 - threads0 < 100, (rss0, rss1, threads0, threads1)
@@ -71,6 +73,7 @@ def test_hostile_agents_fail_alone_and_leave_nothing(ray_local):
             # companion: sealing after the tamper (the defence removed) accepts the forged row
             s.seal.attest(tamper, s.ledger_paths[tamper], uids[tamper])
             assert s.seal.verify(tamper, s.ledger_paths[tamper], uids[tamper]) == []
+        print(f"after close: survivors {s.survivors}")
         assert s.survivors == {}
         for u, uid in uids.items():
             assert pids_of_uid(uid) == [], u

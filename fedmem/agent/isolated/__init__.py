@@ -19,10 +19,10 @@ and the two boundary observers in Ray, and runs every agent's
   (``/proc/<raylet>/fd``, the plasma file). Not root: the child keeps the session's
   uid and this is reported (``IsolatedSession.enforced``).
 * **in its own network namespace** (root only: ``unshare(CLONE_NEWNET)``): no TCP to
-  the GCS, raylet, object manager or anything else on the host; only the RPC below, a
-  Unix socket in the file system.
-* **one narrow RPC** (:class:`AgentConnection`, length-prefixed frames on that Unix socket, the
-  child authenticated by a 128-bit secret it received from the zygote): the agent may
+  the GCS, raylet, object manager or anything else on the host; only the RPC below, one end of a
+  socketpair (no socket in the file system).
+* **one narrow RPC** (:class:`AgentConnection`, length-prefixed frames on that socketpair, bounded in
+  size, arrival time and total buffered bytes; the child first sends a fixed 16-byte secret): the agent may
   ``connect`` (once: its capability), ``retrieve`` under a capability, read the
   ``spent`` and ``bookings`` of a capability, ``project`` noisy embeddings (DP-MIND's
   shared nearest-token search) and ``respond`` (send messages to the third-party app or
@@ -47,6 +47,7 @@ Modules of this package:
 * :mod:`~fedmem.agent.isolated.connection`: the session's end of one agent's connection (its RPC served).
 * :mod:`~fedmem.agent.isolated.session`: :class:`IsolatedSession`, the session side.
 * :mod:`~fedmem.agent.isolated.zygote`: the zygote, the fork, the privilege drop and the import fallback.
+* :mod:`~fedmem.agent.isolated.sandbox`: fresh uids, cgroups and their kill, limits, the uid sweep (issue 38).
 * :mod:`~fedmem.agent.isolated.agent_process`: the agent process's RPC client and command loop.
 """
 
@@ -54,8 +55,9 @@ from __future__ import annotations
 
 from fedmem.agent.isolated.agent_process import AgentProcess, RpcMemoryClient
 from fedmem.agent.isolated.connection import AgentConnection
-from fedmem.agent.isolated.session import (DEFAULT_GID, DEFAULT_UID_BASE, IsolatedSession, os_isolation_available,
-                                           pss_mib)
+from fedmem.agent.isolated.sandbox import Limits
+from fedmem.agent.isolated.session import (DEFAULT_GID, DEFAULT_UID_BASE, FederationDied, IsolatedSession,
+                                           os_isolation_available, pss_mib)
 from fedmem.agent.isolated.wire import (CALLS, MAX_FRAME, AgentDied, AgentTaskError, dumps, loads_untrusted, recv_bytes,
                                         send)
 from fedmem.agent.isolated.zygote import CLONE_NEWNET, PR_SET_PDEATHSIG, PRELOAD, zygote_main
