@@ -94,8 +94,10 @@ budget below one round, a bound that does not fit the sampler's range.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 import dp_accounting
@@ -117,14 +119,35 @@ RANGE_LIMIT = 2 ** 52          # the secure sampler's limit on |value| / grid (f
 _TINY = np.finfo(np.float64).tiny
 
 # One set of pending (admitted, not yet booked) charges per store, shared by every GatewayCore on it:
-# store key -> {(id(core), server_round): [(ledger name, events), ...]}. Guarded by _PENDING_LOCK.
+# store key -> {(core token, server_round): [(ledger name, events), ...]}. Guarded by _PENDING_LOCK.
 _PENDING: dict[tuple, dict[tuple, list]] = {}
 _PENDING_LOCK = threading.RLock()
 
 
+_TOKENS = itertools.count()
+_STORE_TOKENS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # in-memory store -> unique token
+
+
 def _store_key(store) -> tuple:
+    """One key per store: its file, or (in memory) a token never reused (an ``id`` is, after the store is gone)."""
     path = getattr(store, "path", None)
-    return ("file", str(path.resolve())) if path is not None else ("memory", id(store))
+    if path is not None:
+        return ("file", str(path.resolve()))
+    with _PENDING_LOCK:
+        tok = _STORE_TOKENS.get(store)
+        if tok is None:
+            tok = _STORE_TOKENS[store] = next(_TOKENS)
+    return ("memory", tok)
+
+
+def _drop_reservations(store_key: tuple, token: int) -> None:
+    """Drop every reservation of the core ``token`` (called when that core is garbage collected)."""
+    with _PENDING_LOCK:
+        res = _PENDING.get(store_key, {})
+        for key in [k for k in res if k[0] == token]:
+            del res[key]
+        if not res:
+            _PENDING.pop(store_key, None)
 
 
 @dataclass
@@ -243,6 +266,8 @@ class GatewayCore:
                     f"{self.delta:g} (noise_multiplier {self.multiplier:g}). Fix: raise {name} to >= {one:.4g} "
                     f"or raise noise_multiplier. Found {budget!r}.")
         self.principal = principal if principal is not None else self.gateway.new_principal()
+        self._token = next(_TOKENS)      # this core's reservations (never reused, unlike id())
+        weakref.finalize(self, _drop_reservations, _store_key(self.gateway.store), self._token)
         self.audit: list[RoundRecord] = []
         self._open: dict[int, tuple] = {}      # server_round -> (decision, sampled node ids)
 
@@ -300,7 +325,7 @@ class GatewayCore:
         """Drop this core's reservations (of ``rounds``; ``None``: of every round no longer open)."""
         with _PENDING_LOCK:
             res = self._reservations()
-            for key in [k for k in res if k[0] == id(self) and
+            for key in [k for k in res if k[0] == self._token and
                         (k[1] in rounds if rounds is not None else k[1] not in self._open)]:
                 del res[key]
             if not res:
@@ -323,7 +348,7 @@ class GatewayCore:
                 decision = self.gateway.decide(qid, self.principal, f"round{server_round}", None,
                                                {"primary": self.plan})
                 if decision.admitted:
-                    res[(id(self), server_round)] = self.gateway.charges(decision, self.plan)
+                    res[(self._token, server_round)] = self.gateway.charges(decision, self.plan)
             finally:
                 self.gateway.clear_pending()
                 if not res:
