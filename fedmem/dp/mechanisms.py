@@ -225,10 +225,10 @@ class ExponentialMechanism:
         with np.errstate(over="ignore"):
             logits = self.epsilon * u / (2.0 * self.sensitivity)
         if not np.all(np.isfinite(logits)):
-            raise ValueError(
-                "utilities are too large: epsilon * u / (2 * sensitivity) overflows. "
-                f"Found max |u| = {float(np.max(np.abs(u)))!r}."
-            )
+            raise ValueError(   # the utilities are private scores: the text carries none of them
+                "utilities are too large: epsilon * u / (2 * sensitivity) overflows "
+                f"(epsilon={self.epsilon!r}, sensitivity={self.sensitivity!r}; the utilities are not reported)."
+            ) from None
         # Stable log-softmax (max-shifted log-sum-exp); plain numpy, ~8x faster per call
         # than scipy.special.logsumexp on small candidate sets.
         shifted = logits - np.max(logits)

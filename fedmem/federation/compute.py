@@ -20,7 +20,9 @@ returning), the way Flower's DP wrappers and fedmem's own
 
 The releases :meth:`Engine.compute` returns are not yet booked: only the gateway wrapper may
 book and return them. Faults (a dead or hung host or party, a release that does not fit its
-plan) raise :class:`~fedmem.errors.FederationFault` for the whole batch.
+plan) raise :class:`~fedmem.errors.FederationFault` (a machine fault) or :class:`ReleaseFailed` (a
+release failed on its data; the gateway wrapper turns it into the uniform refusal of every query of
+the batch) for the whole batch, with value-free messages and no exception chain.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from fedmem.federation import host_pool
 from fedmem.federation.aggregator import Aggregator, Release, ReleasePolicy
 from fedmem.federation.config import FederationConfig
 from fedmem.federation.parties import Parties
-from fedmem.federation.shard_host import host_actor_class, split_shards
+from fedmem.federation.shard_host import check_shards, host_actor_class, split_shards
 from fedmem.federation.sharing import SelectionSpec, decode, encode, new_run_id
 
 
@@ -58,6 +60,34 @@ class Truth:
     def contributors(self) -> int:
         return int(self.contributing.sum())
 
+
+
+class ReleaseFailed(Exception):
+    """A release of the batch failed on its data (inside the trust boundary only): nothing of the batch
+    may be released or booked, and the querying side must see only the uniform refusal.
+
+    Carries no value: the message is one constant, ``args`` hold nothing else, and it is always
+    raised ``from None``; the operator's value-free reason is appended to ``Engine.fault_details``."""
+
+    def __init__(self):
+        super().__init__("a release of this batch failed on its data; nothing was released or booked")
+
+
+def fault_reason(stage: str, exc: BaseException) -> str:
+    """The operator's value-free record of a failure: the stage and the exception's type (and, for a
+    remote task's error, its cause's type), never its text (which may carry a record's value)."""
+    cause = getattr(exc, "cause", None)
+    inner = f" <- {type(cause).__name__}" if isinstance(cause, BaseException) else ""
+    return f"{stage}: {type(exc).__name__}{inner}"
+
+
+DATA_ERRORS = (ValueError, ArithmeticError, TypeError, IndexError)
+"""Exceptions of a computation step that depend on the data it was given (not on the machine)."""
+
+
+def _data_error(exc: BaseException) -> bool:
+    """``exc`` (or a Ray task error's cause) is a data error, not a dead or slow machine."""
+    return isinstance(exc, DATA_ERRORS) or isinstance(getattr(exc, "cause", None), DATA_ERRORS)
 
 
 @dataclass(frozen=True)
@@ -108,6 +138,9 @@ class Engine:
         self.config, self.data, self.rng = config, data, rng
         # a ShardRecipe, or ShardData built by one (ShardData.recipe): the hosts generate their own shards
         self.recipe = data if getattr(data, "generated_at_hosts", False) else getattr(data, "recipe", None)
+        if self.recipe is None:   # the records' structure (public metadata), before any host starts
+            check_shards(data.keys, data.values, key_dim=config.key_dim, value_dim=config.value_dim,
+                         sizes=data.sizes)
         self.fault_details: list[str] = []     # operator-only details of plan-mismatch faults
         self._closed = False
         # operator-side profile (benchmarks): wall seconds per stage, summed over calls
@@ -196,7 +229,7 @@ class Engine:
         """Host ``h``'s constructor arguments (draws its seed from the engine's generator)."""
         ids = self._split[h]
         kw = dict(clip=self.config.clip, k_local=self.config.k_local, n_parties=self.config.parties,
-                  seed=int(self._seed_rng.integers(0, 2**63)))
+                  seed=int(self._seed_rng.integers(0, 2**63)), sizes=[int(self.data.sizes[i]) for i in ids])
         recipe = self.recipe
         if recipe is not None:   # each host generates its own shards: no record leaves the driver
             return (ids, None, None), dict(kw, recipe=recipe)
@@ -255,7 +288,9 @@ class Engine:
             ray.get([ref for ref, reused in starting if not reused], timeout=wait)
         except Exception as exc:  # noqa: BLE001
             self._hosts_dirty = True
-            raise FederationFault(f"shard hosts failed to start; nothing was released or booked: {exc!r}") from exc
+            self.fault_details.append(fault_reason("hosts start", exc))
+            # value-free: a host's error text may quote a record (details: fault_details, by type only)
+            raise FederationFault("shard hosts failed to start; nothing was released or booked") from None
 
     @property
     def hosts(self) -> list:
@@ -311,9 +346,12 @@ class Engine:
                 raise ValueError(f"every shard host must return one packet per party ({P}).")
         except Exception as exc:  # noqa: BLE001 - dead host, timeout, host error: fail closed
             self._hosts_dirty = True
+            self.fault_details.append(fault_reason("hosts", exc))
+            if _data_error(exc):      # a host refused its data (e.g. a value out of range): uniform refusal
+                raise ReleaseFailed() from None
             kind = "timed out" if isinstance(exc, ray.exceptions.GetTimeoutError) else "failed"
-            raise FederationFault(f"shard hosts {kind} (timeout {T:g} s); nothing was released or booked: "
-                                  f"{exc!r}") from exc
+            raise FederationFault(f"shard hosts {kind} (timeout {T:g} s); nothing was released or "
+                                  "booked") from None
         return [[m["refs"][p] for m in metas] for p in range(P)]
 
     def _run_parties(self, q: np.ndarray, policy: ReleasePolicy):
@@ -333,7 +371,12 @@ class Engine:
             return rev
         except MpcFailure as exc:
             self._hosts_dirty = True   # the failure may be a host that died after handing out its refs
-            raise FederationFault(f"compute parties failed; nothing was released or booked: {exc}") from exc
+            self.fault_details.append(fault_reason("parties", exc))
+            raise FederationFault("compute parties failed; nothing was released or booked") from None
+        except DATA_ERRORS as exc:   # the parties refused what the hosts sent (shapes, flags): uniform refusal
+            self._hosts_dirty = True
+            self.fault_details.append(fault_reason("parties", exc))
+            raise ReleaseFailed() from None
 
     def compute(self, q: np.ndarray, policy: ReleasePolicy) -> Computation:
         """The releases of the batch ``q`` (unit rows, :meth:`queries`) under ``policy``: one host
@@ -357,11 +400,11 @@ class Engine:
             for b in range(q.shape[0]):
                 tallies = None if rev.tallies is None else rev.tallies[b]
                 out.append(agg.release(rev.sum[b], rev.count[b], tallies, self.rng))
-        except ValueError as exc:   # data that does not fit the public plan: fail closed
-            # the details (which may name a private count) go to the operator, not into the exception
-            self.fault_details.append(repr(exc))
-            raise FederationFault("a release did not fit its public plan; nothing was released or booked "
-                                  "(details in Federation.fault_details)") from None
+        except DATA_ERRORS as exc:   # data that does not fit the public plan (or the sampler): fail closed
+            # value-free for everyone: the querying side gets the uniform refusal (Federation), the
+            # operator the stage and type (the text may name a private count or sum)
+            self.fault_details.append(fault_reason("aggregator", exc))
+            raise ReleaseFailed() from None
         self.timings["aggregator"] += time.perf_counter() - t_agg
         return Computation(out, **meta)
 

@@ -10,6 +10,7 @@ numpy, dp-accounting, Ray or CrypTen), so scenario validation stays fast.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fedmem.params import at_least, between, check_knobs, knob, open_unit, positive
@@ -22,6 +23,46 @@ MPCS = ("crypten", "plaintext")
 MPC_IMPLS = ("auto", "rank", "grouped", "merge")   # fedmem.federation.mpc.networks.IMPLS without the naive baseline
 ON_REJECT = ("raise", "rerun_broadcast")
 _BUDGETS = ("epsilon_budget", "total_epsilon_budget", "support_budget_bits", "total_support_budget_bits")
+
+
+RING_SUM_LIMIT = 2.0**46
+"""Largest public bound ``N * clip`` on a coordinate of the selected values' sum (``N`` the most
+values a selection can pick): encoded with 16 fractional bits it stays below ``2^62``, half of the
+64-bit ring's signed range, so the parties' ring sum can never wrap (``fedmem.federation.sharing``)."""
+
+
+def _grid_limit(scale: float) -> float:
+    """``2^52 g`` for the secure sampler's default grid ``g`` of a public ``scale``
+    (``fedmem.dp.samplers.grid_granularity``, rewritten here so that importing this module stays
+    cheap): the largest ``|value|`` it releases exactly."""
+    return math.ldexp(1.0, math.floor(math.log2(scale)) - 20 + 52)
+
+
+def _range_problems(c, selection: str, cap: int) -> list[tuple[str, str]]:
+    """The booked sensitivity holds only if the exact sum fits the fixed-point ring and the secure
+    sampler's range for EVERY dataset: checked on the public bound ``N * clip`` (``N``: k for top-k,
+    shards*k_local otherwise), so no release can fail, wrap or be refused because of the records."""
+    out = []
+    n = c.k if selection == "topk" else cap
+    bound = n * c.clip
+    if not bound < RING_SUM_LIMIT:
+        out.append(("clip", f"clip * {n} (the most values one selection sums: "
+                            f"{'k' if selection == 'topk' else 'shards * k_local'}) must stay below 2**46 = "
+                            f"{RING_SUM_LIMIT:g}, so that the fixed-point ring sum (64-bit, 16 fractional bits) "
+                            f"cannot wrap; found clip={c.clip!r}, {n} values"))
+    if c.sampling == "secure":
+        sens = 2.0 * c.clip * (1.0 if c.noise == "gaussian" else math.sqrt(c.value_dim))
+        scale = c.sigma * sens / (c.n_bound if c.calibration == "global" else 1.0)
+        top = bound    # |S| and |S / D| (D >= 1) per coordinate
+        if not top < _grid_limit(scale):
+            out.append(("sigma", f"the secure sampler releases |value| < {_grid_limit(scale):g} exactly at "
+                                 f"noise scale {scale:g} (sigma={c.sigma!r}, clip={c.clip!r}"
+                                 + (f", n_bound={c.n_bound!r}" if c.calibration == "global" else "")
+                                 + f"), below the public bound {top:g} on the sum; raise sigma or lower clip"))
+        if c.receipts == "noised" and not c.k_local < _grid_limit(c.receipt_sigma * math.sqrt(2.0)):
+            out.append(("receipt_sigma", f"the secure sampler cannot release tallies up to k_local={c.k_local} "
+                                         f"at receipt_sigma={c.receipt_sigma!r}; raise receipt_sigma"))
+    return out
 
 
 @dataclass(frozen=True)
@@ -102,6 +143,7 @@ class FederationConfig:
         if c.hosts > c.shards:
             out.append(("hosts", f"hosts={c.hosts} exceeds shards={c.shards}"))
         selection = "broadcast" if c.receipts == "broadcast" else c.selection
+        out += _range_problems(c, selection, cap)
         if c.gateway and c.calibration == "global" and selection == "threshold":
             out.append(("calibration",
                         "calibration='global' cannot be defended with selection='threshold' (found gateway=True): "

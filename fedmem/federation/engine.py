@@ -61,6 +61,7 @@ and bytes (public: functions of the batch shape only) are carried into every
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,9 +71,14 @@ from fedmem.dp.accountant import event_to_dict
 from fedmem.errors import BudgetExceeded, FederationFault
 from fedmem.federation.aggregator import Release
 from fedmem.federation.client import CapabilityService, MemoryClient
-from fedmem.federation.compute import Engine, Truth
+from fedmem.federation.compute import Engine, ReleaseFailed, Truth
 from fedmem.federation.config import FederationConfig
 from fedmem.federation.gateway import ANONYMOUS, UNISSUED, Decision, Gateway, Principal, refusal
+
+RELEASE_FAILED = "release_failed"
+"""The audit reason of a query whose batch failed on its data (value-free; details by type only in
+``Federation.fault_details``)."""
+
 
 @dataclass(frozen=True)
 class Response:
@@ -269,8 +275,19 @@ class Federation(CapabilityService):
             for d in decisions:
                 self._log(d, "fault", None)
             raise
+        except ReleaseFailed:
+            # a release failed on its data: every query of the batch gets the uniform refusal (the same
+            # object an unadmitted query gets: type, text, args, attributes; no chain), nothing is booked
+            # or released, and the operator's log keeps the value-free reason
+            for d in decisions:
+                self._log(dataclasses.replace(d, reasons=(*d.reasons, RELEASE_FAILED)), "fault", None)
+            failed = True
+        else:
+            failed = False
         finally:
             gw.clear_pending()
+        if failed:
+            return [refusal(d.query_id) for d in decisions]
         results: list = [None] * B
         labels = {b: f"q{d.query_id} principal={d.principal} family={d.family}" + (
             f" retry_of={d.retry_of}" if d.retry_of is not None else "") + (

@@ -48,14 +48,90 @@ INLINE_SEALED_BYTES = 64 * 1024
 open (it can already fetch every object it holds a ref to). Unsealed packets are always put."""
 
 
+KEY_NORM_SLACK = 1e-6
+"""A key whose L2 norm exceeds ``1 + KEY_NORM_SLACK`` is scaled to unit norm by the host (keys are
+unit by contract; the slack leaves float32 embeddings' rounding untouched), so every score is in
+``[-1 - slack, 1 + slack]``, far inside ``SCORE_BOUND`` and the fixed-point range."""
+
+
+def check_shards(keys, values, *, key_dim: int | None = None, value_dim: int | None = None, sizes=None,
+                 shard_ids=None) -> None:
+    """The structural contract of shard records (public metadata only: shapes, dtypes, counts).
+
+    Every shard holds real numeric ``keys`` (n, key_dim) and ``values`` (n, value_dim) (float or
+    integer dtypes), the same ``n`` as declared in ``sizes`` when given, the same dims on every
+    shard. Raises ``ValueError`` naming the shard (its global id when ``shard_ids`` is given) and
+    the shape, dtype or count found; record values are never read here (they are the host's to
+    clip, :func:`sanitize_shard`)."""
+    if len(keys) != len(values):
+        raise ValueError(f"keys and values must list the same shards. Found {len(keys)} and {len(values)}.")
+    ids = list(range(len(keys))) if shard_ids is None else [int(i) for i in shard_ids]
+    for j, (k, v) in enumerate(zip(keys, values)):
+        k, v = np.asarray(k), np.asarray(v)
+        for name, arr, dim in (("keys", k, key_dim), ("values", v, value_dim)):
+            if arr.dtype.kind not in "fiu":
+                raise ValueError(f"shard {ids[j]}: {name} must be a real numeric array (float or integer). "
+                                 f"Found dtype {arr.dtype}.")
+            if arr.ndim != 2 or (dim is not None and arr.shape[1] != dim):
+                raise ValueError(f"shard {ids[j]}: {name} must have shape (n, {dim if dim is not None else 'd'}). "
+                                 f"Found shape {arr.shape}.")
+        if k.shape[0] != v.shape[0]:
+            raise ValueError(f"shard {ids[j]}: keys and values must hold the same records. Found {k.shape[0]} keys "
+                             f"and {v.shape[0]} values.")
+        if sizes is not None and k.shape[0] != int(sizes[j]):
+            raise ValueError(f"shard {ids[j]}: must hold the {int(sizes[j])} records its size declares. Found "
+                             f"{k.shape[0]}.")
+        if key_dim is None:
+            key_dim = k.shape[1]
+        if value_dim is None:
+            value_dim = v.shape[1]
+
+
+def _row_norms(x: np.ndarray) -> np.ndarray:
+    """L2 norms of the last axis without overflow (scaled by each row's largest entry first: the
+    norm of a finite 1e300 row is finite); rows must be finite."""
+    peak = np.max(np.abs(x), axis=-1, keepdims=True) if x.shape[-1] else np.zeros(x.shape[:-1] + (1,))
+    safe = np.where(peak > 0, peak, 1.0)
+    return peak[..., 0] * np.linalg.norm(x / safe, axis=-1)
+
+
+def sanitize_shard(keys, values) -> tuple[np.ndarray, np.ndarray]:
+    """One shard's records brought into contract, each record by a function of itself alone (so a
+    neighbouring dataset stays a neighbour, and no record's treatment depends on another's):
+
+    * a record with any non-finite key entry gets the zero key (score 0), with any non-finite value
+      entry the zero value; it still counts (shard sizes are public and fix the padding);
+    * a key of norm above ``1 + KEY_NORM_SLACK`` is scaled to unit norm (|score| <= 1);
+    * values are kept in float64 unless they already are float32 (never cast into the keys' dtype,
+      where a float64 value beyond float32's range would become inf). Clipping to ``clip`` happens
+      in :func:`encode_values` with overflow-safe norms.
+
+    Keys keep their float dtype (integer keys become float64)."""
+    k = np.asarray(keys)
+    k = k.astype(np.float64) if k.dtype.kind != "f" else k.copy()
+    v = np.asarray(values)
+    v = v.astype(np.float32 if v.dtype == np.float32 else np.float64, copy=True)
+    if k.size:
+        k[~np.all(np.isfinite(k), axis=1)] = 0
+        nk = _row_norms(k.astype(np.float64))
+        big = nk > 1.0 + KEY_NORM_SLACK
+        if np.any(big):
+            k[big] = (k[big].astype(np.float64) / nk[big, None]).astype(k.dtype)
+    if v.size:
+        v[~np.all(np.isfinite(v), axis=1)] = 0
+    return k, v
+
+
 def stack_shards(keys: list, values: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Stack ragged shards into (S_h, n_max, dim) arrays plus a (S_h, n_max) record mask."""
+    """Stack ragged shards into (S_h, n_max, dim) arrays plus a (S_h, n_max) record mask. Values keep
+    their own dtype (float32 only if every shard's values are float32; never the keys' dtype)."""
     n_max = max(1, max(k.shape[0] for k in keys))
     S_h = len(keys)
     kd, vd = keys[0].shape[1], values[0].shape[1]
     dt = np.result_type(*(k.dtype for k in keys))
+    vdt = np.result_type(np.float32, *(v.dtype for v in values))
     K = np.zeros((S_h, n_max, kd), dtype=dt)
-    Vv = np.zeros((S_h, n_max, vd), dtype=dt)
+    Vv = np.zeros((S_h, n_max, vd), dtype=vdt)
     M = np.zeros((S_h, n_max), dtype=bool)
     for i, (k, v) in enumerate(zip(keys, values)):
         K[i, : k.shape[0]] = k
@@ -67,7 +143,7 @@ def stack_shards(keys: list, values: list) -> tuple[np.ndarray, np.ndarray, np.n
 def clip_factors(Vv: np.ndarray, clip: float) -> np.ndarray:
     """Per-record factors ``min(1, clip / ||v||)`` (shape ``Vv.shape[:-1]``, float64): a value row
     times its factor has L2 norm <= ``clip`` (zero rows keep factor 1)."""
-    norms = np.linalg.norm(Vv.astype(np.float64, copy=False), axis=-1)
+    norms = _row_norms(Vv.astype(np.float64, copy=False))     # overflow-safe: a 1e300 row keeps its direction
     return np.minimum(1.0, clip / np.where(norms > 0, norms, 1.0))
 
 
@@ -153,7 +229,7 @@ class ShardHostCore:
     """One host's shards and its candidate/sharing step (the body of the Ray actor)."""
 
     def __init__(self, shard_ids, keys: list | None, values: list | None, *, clip: float, k_local: int,
-                 n_parties: int, seed: int, recipe=None):
+                 n_parties: int, seed: int, recipe=None, sizes=None):
         self.shard_ids = np.asarray(shard_ids, dtype=np.int64)
         self.generated = recipe is not None
         if recipe is not None:   # data at the host: generate its own shards (fedmem.bench.shards.ShardRecipe)
@@ -168,7 +244,11 @@ class ShardHostCore:
         self.clip = V.positive("clip", clip)
         self.k_local = V.positive_int("k_local", k_local)
         self.n_parties = V.positive_int("n_parties", n_parties, minimum=2)
-        self.K, values, self.M = stack_shards(keys, values)
+        # the records' contract, enforced here (the side whose output the booking's sensitivity
+        # assumes): structure first (public metadata), then every record clipped into contract
+        check_shards(keys, values, sizes=sizes, shard_ids=self.shard_ids)
+        keys, values = zip(*(sanitize_shard(k, v) for k, v in zip(keys, values)))
+        self.K, values, self.M = stack_shards(list(keys), list(values))
         # every record's clipped value, encoded once (queries gather ring elements; no float copy kept)
         self.Venc = encode_values(values, self.clip)
         self._rng = np.random.default_rng(np.random.SeedSequence(int(seed)))
@@ -202,6 +282,9 @@ class ShardHostCore:
                 "generated": self.generated, "malloc_kept": _malloc.KEPT}
 
     def ping(self) -> bool:
+        """True while this host holds its shards (an unloaded pooled host fails: it must be re-created)."""
+        if "Venc" not in self.__dict__:
+            raise RuntimeError("this shard host holds no shards (unloaded).")
         return True
 
 

@@ -256,10 +256,12 @@ def secure_release(x: np.ndarray, scale: float, rng, *, kind: str, sensitivity: 
     g = resolve_grid(scale, grid)
     snapped = np.round(x / g) * g
     if np.any(np.abs(snapped) >= math.ldexp(g, 52)):
+        # the released value is private: the text names only the public grid, scale and limit (a
+        # caller that let such a value reach here must fail closed; it never carries the value)
         raise ValueError(
             f"value is too large for exact secure release on the grid {g!r} (scale {scale!r}): "
-            f"|value| must stay below {math.ldexp(g, 52)!r}. Found {float(np.max(np.abs(x)))!r}."
-        )
+            f"|value| must stay below {math.ldexp(g, 52)!r} (the value itself is not reported)."
+        ) from None
     if engine == "numpy":    # (t, s) cached on float keys: no Fraction hashing per release
         ints = _pooled_ints(kind, *release_ratio(kind, float(scale), g, float(sensitivity), d), d, rng)
     else:

@@ -16,7 +16,7 @@ def _huge_lane(u: int, v: int, t: int, s: int) -> int:  # noqa: D401
     """|y| of a proposal whose V exceeded the table (probability < 2**-64 per proposal)."""
     y = (u + t * v) // s
     if y >= 1 << 62:   # needs V > 2**38: probability below exp(-2**38); fail closed
-        raise OverflowError(f"discrete sample {y} does not fit in int64")
+        raise OverflowError("a discrete noise sample does not fit in int64 (the sample is secret: not reported)")
     return y
 
 
