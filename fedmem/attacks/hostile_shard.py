@@ -121,7 +121,8 @@ def worlds(variant: str, clip: float, rng: np.random.Generator) -> tuple[dict, n
     elif variant == "nonfinite":
         hk[:2] = q
         hv[0] = np.nan
-        hv[1] = np.inf * e0
+        hv[1] = 0.0
+        hv[1, 0] = np.inf
         hk[2] = np.nan
     elif variant == "huge":
         hk[:2] = 1e10 * q
