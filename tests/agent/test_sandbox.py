@@ -81,3 +81,28 @@ def test_hostile_agents_fail_alone_and_leave_nothing(ray_local):
         for uid in locals().get("uids", {}).values():
             sweep_uid(uid)
         shutil.rmtree(out, ignore_errors=True)
+
+
+def test_a_dead_federation_service_is_named(ray_local):
+    """SIGKILL of the federation service: the next command that needs it raises FederationDied
+    (one line naming the service), not an agent's error. Companion: before the kill, the same
+    call returns every agent's spend."""
+    from fedmem.agent.dpmind import load_minilm
+    from fedmem.agent.isolated import FederationDied
+    from fedmem.agent.session import open_session
+    from fedmem.experiments.agent_worlds import make_world
+
+    data = make_clustered_shards(FCFG.shards, FCFG.records_per_shard, FCFG.key_dim, FCFG.value_dim, FCFG.clip,
+                                 np.random.default_rng(0), clusters=3)
+    out = Path(tempfile.mkdtemp(prefix="fedmem-sbx-", dir="/tmp"))
+    os.chmod(out, 0o711)
+    worlds = make_world(2, 1, data, np.random.default_rng(3), codec=load_minilm()[1], context_tokens=128)
+    try:
+        with open_session("isolated", worlds, FCFG, data, ACFG, out, seed=6, timeout_s=60) as s:
+            s.run()
+            assert set(s.call("spend")) == {w.user for w in worlds}
+            ray_local.kill(s.fed, no_restart=True)
+            with pytest.raises(FederationDied, match="federation service died"):
+                s.call("spend")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
