@@ -41,11 +41,16 @@ def game_row(name, label, game, f, a, mrng, metrics, attack_rows, eps_rows, roc)
              mu_booked=v.mu_booked, mu_lower=v.mu_lower, mu_power=v.mu_power)
     metrics.setdefault("attacks", {})[name] = d
     metrics[name] = d
-    roc[name] = (g["pos"], g["neg"])
+    roc[name] = (g["pos"], g["neg"], (booked, delta))   # each curve against its own booking's ceiling
+    if not eps_rows and "reconstruction" in metrics.get("attacks", {}):   # the epsilon figure's first row
+        r = metrics["attacks"]["reconstruction"]
+        eps_rows.append(["reconstruction", r.get("eps_booked", metrics.get("epsilon_spent_total", 0.0)),
+                         math.inf if str(r.get("verdict", "")).startswith("LEAK") else 0.0, 0, r.get("verdict", ""),
+                         None, str(r.get("verdict", "")).split(" (")[0], "stream"])
     attack_rows.append([label, rep.success_rate, f"{rep.n_pos}/{rep.n_neg}", rep.auc,
                         f"[{rep.auc_ci[0]:.3f}, {rep.auc_ci[1]:.3f}]", rep.tpr_at_1, v.eps_lower, booked, v.power,
                         v.text])
-    eps_rows.append([name, booked, v.eps_lower, int(v.ceiling_crossed), v.text])
+    eps_rows.append([name, booked, v.eps_lower, int(v.ceiling_crossed), v.text, v.power, v.label, "trial"])
 
 
 GAME_LABELS = {
