@@ -436,3 +436,48 @@ def test_killed_isolated_agent_loses_no_booked_charge(isolated_run, ray_local):
         problems[u] = lost_charges(s.reopen_ledger(u), released, feds)
     assert problems[good] == []
     assert problems[broken] and problems[broken][0].startswith("dpmind"), problems
+
+
+def test_frame_bounds_refuse_oversized_and_slow_frames():
+    """An announced size above max_frame is refused before any body byte is read; a frame trickled
+    a byte at a time dies at its deadline; the budget caps bytes buffered at once. Companions: the
+    same frames pass with the bound lifted (no max / no deadline / a budget large enough)."""
+    import socket
+    import struct
+    import threading
+
+    from fedmem.agent.isolated.wire import AgentDied, FrameBudget, recv_bytes
+
+    a, b = socket.socketpair()
+    a.sendall(struct.pack(">I", 64 << 20))
+    with pytest.raises(AgentDied, match="exceeds"):
+        recv_bytes(b, max_frame=1 << 20)
+    a.close(), b.close()
+
+    def trickle(sock, body, gap):
+        sock.sendall(struct.pack(">I", len(body)))
+        for ch in body:
+            time.sleep(gap)
+            sock.sendall(bytes([ch]))
+
+    for deadline, ok in ((0.3, False), (None, True)):
+        a, b = socket.socketpair()
+        t = threading.Thread(target=trickle, args=(a, b"abcdefgh", 0.1), daemon=True)
+        t.start()
+        if ok:
+            assert recv_bytes(b, deadline_s=deadline) == b"abcdefgh"
+        else:
+            with pytest.raises(AgentDied, match="deadline"):
+                recv_bytes(b, deadline_s=deadline)
+        t.join()
+        a.close(), b.close()
+    for total, ok in ((1000, False), (1 << 20, True)):
+        a, b = socket.socketpair()
+        a.sendall(struct.pack(">I", 4096) + b"x" * 4096)
+        budget = FrameBudget(total)
+        if ok:
+            assert len(recv_bytes(b, budget=budget, deadline_s=1.0)) == 4096 and budget.used == 0
+        else:
+            with pytest.raises(AgentDied, match="budget"):
+                recv_bytes(b, budget=budget, deadline_s=0.2)
+        a.close(), b.close()
