@@ -234,7 +234,15 @@ def cmd_show(args) -> int:
         raise ScenarioError([("kind", f"{args.kind!r} is neither an experiment kind ({', '.join(known_kinds())}) "
                                       "nor a scenario file or bundled scenario name (see `fedmem list`)")])
     sc = load_scenario(path, list(getattr(args, "set", None) or []))
-    rows = [[k, repr(v)] for k, v in flat_keys(sc.config.to_dict()).items()]
+    from fedmem.scenario import dump_toml  # lazy: ~38 ms, no heavy package
+
+    def literal(k, v):   # the TOML literal that pastes into --set KEY=VALUE (true/false, inf, quoted strings)
+        try:
+            return dump_toml({"x": v}).split("=", 1)[1].strip()
+        except Exception:  # noqa: BLE001 - a value TOML cannot write (None): say so, never "None"
+            return "(unset)"
+
+    rows = [[k, literal(k, v)] for k, v in flat_keys(sc.config.to_dict()).items()]
     print_table(make_console(), f"{sc.name} ({sc.experiment.kind}) from {path}", ["key", "value"], rows, keep=(0,),
                 note=f"run it: fedmem run {args.kind}; every key of the kind: fedmem show {sc.experiment.kind}")
     return 0
