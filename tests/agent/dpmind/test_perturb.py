@@ -376,12 +376,12 @@ def test_certificate_with_a_broken_bound_is_caught(minilm, eps50_points):
     passes must fail here, so the equality test above can fail.
     """
     table, _ = minilm
-    broken = CascadeProjector(table, probe=1, candidates=1, threads=1)
+    broken = CascadeProjector(table, probe=1, candidates=1, threads=1, matmul="float32")
     broken._max_e = broken._max_de = broken._gamma = broken._u_out = 0.0
     broken._max_dsq = -1e-6
     pts, ref = eps50_points
     assert np.mean(broken.project(pts) != ref) > 0.005
-    good = CascadeProjector(table, probe=1, candidates=1, threads=1)
+    good = CascadeProjector(table, probe=1, candidates=1, threads=1, matmul="float32")
     np.testing.assert_array_equal(good.project(pts), ref)
 
 
@@ -399,7 +399,7 @@ def test_float32_product_equals_the_bfloat16_product_and_needs_a_valid_mode(mini
     np.testing.assert_array_equal(f32.project(pts), ref)
     np.testing.assert_array_equal(bf16.project(pts), ref)
     assert f32.fallbacks > 0 and bf16.fallbacks > 0
-    assert CascadeProjector(table, threads=1).matmul in ("bfloat16", "float32")
+    assert CascadeProjector(table, threads=1).matmul in ("int8", "bfloat16", "float32")
     with pytest.raises(ValueError, match="matmul must be one of .* Found 'fp16'"):
         CascadeProjector(table, matmul="fp16")
 
