@@ -286,7 +286,9 @@ def cmd_demo(args) -> int:
         "uniform \"no memory available\" that says nothing about the data (the refusal, admission and timing "
         "attacks read it and find nothing). With the broadcast fallback the same queries are answered under the "
         "support-safe broadcast selection: the support attacks fall to chance and every answer is booked.")
-    console.print(Text("Reports with plots: " + ", ".join(folders)), soft_wrap=True)
+    console.print("Reports with plots:")
+    for f in folders:
+        console.print(Text(f"  {f}"), soft_wrap=True)   # a path is never cut
     return 0
 
 

@@ -648,3 +648,28 @@ def test_readme_documentation_table_lists_every_docs_page():
         assert f"`docs/{page.name}`" in table, page.name
     for command in ("fedmem validate", "fedmem compare", "fedmem run support_leak_40", "fedmem show dp_demo"):
         assert command in readme, command
+
+
+def test_demo_at_80_columns_has_no_split_table(monkeypatch):
+    """`make demo` at COLUMNS=80: each setup's attack table and the side-by-side comparison fit,
+    never in column groups ("columns N-M of")."""
+    import re
+
+    from fedmem import cli
+    from fedmem.report import Result, Table
+
+    columns = ["attack", "success rate", "n pos/neg", "AUC", "AUC 95% CI", "TPR@1%FPR", "empirical eps (CP lower)",
+               "booked eps (what it saw)", "power", "verdict"]
+    table = Table("Attack metrics (what the adversary got vs what was booked for it)", columns,
+                  [[r[0], *r[1:]] for r in _attack_rows(10)], note="Overall verdict: LEAK. One rule decides.")
+    metrics = {"forwarded": 300, "rejected": 0, "verdict": "LEAK", "reconstruction": {"rate": 1.0, "chance_rate": 0.42},
+               "differencing": {"auc": 1.0, "eps_lower": 3.47, "eps_booked": 4.25, "label": "LEAK",
+                                "verdict": "LEAK (perfect separation: ROC above the DP ceiling of eps 4.25)"},
+               "attacks": {"differencing": {"verdict": "LEAK (perfect separation)"}}, "epsilon_spent_total": 178.3}
+    monkeypatch.setattr(cli, "run_scenario", lambda path, *a, **k: (
+        {"metrics": metrics}, Result(metrics=metrics, tables=[table]), Path("runs") / Path(path).stem))
+    res = fedmem("demo", columns="80")
+    assert res.returncode == 0, res.stderr
+    assert not re.search(r"columns? \d+(-\d+)? of \d+", res.stdout), res.stdout
+    assert max(len(line) for line in res.stdout.splitlines()) <= 80
+    assert "LEAK [1]" in res.stdout and "What the adversary got" in res.stdout
