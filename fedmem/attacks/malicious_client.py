@@ -313,13 +313,13 @@ def _auc(pos: np.ndarray, neg: np.ndarray) -> float:
     return float((ranks[:pos.size].sum() - pos.size * (pos.size + 1) / 2) / (pos.size * neg.size))
 
 
-def _two_sided(judge, pos, neg, booked, delta, alpha, seed):
+def _two_sided(judge, pos, neg, booked, delta, alpha, seed, mu_booked=None):
     """The verdict rule on the scores and on their negation, each at ``alpha / 2`` (the direction in which
     a channel separates the worlds is not known in advance); the worse of the two."""
     from fedmem.attacks.verdict import is_leak
 
-    up = judge(pos, neg, booked, delta, alpha=alpha / 2, rng=np.random.default_rng(seed))
-    down = judge(-pos, -neg, booked, delta, alpha=alpha / 2, rng=np.random.default_rng(seed))
+    up = judge(pos, neg, booked, delta, alpha=alpha / 2, rng=np.random.default_rng(seed), mu_booked=mu_booked)
+    down = judge(-pos, -neg, booked, delta, alpha=alpha / 2, rng=np.random.default_rng(seed), mu_booked=mu_booked)
     if is_leak(down) and not is_leak(up):
         return down
     return up if is_leak(up) or up.eps_lower >= down.eps_lower else down
@@ -402,7 +402,9 @@ def run_attack(attack: str, *, api: str = "legacy", trials: int = 200, broken: b
             score = 3.0 + (max(near) - (L - C / 2)) / C if near else code
         scores[w].append(score)
     booked = gw.epsilon_per_round
-    v = _two_sided(judge, np.asarray(scores[1], float), np.asarray(scores[0], float), booked, delta, alpha, seed)
+    # one Gaussian event per round: exactly mu-GDP with mu = 1 / noise_multiplier (the whole-ROC test too)
+    v = _two_sided(judge, np.asarray(scores[1], float), np.asarray(scores[0], float), booked, delta, alpha, seed,
+                   mu_booked=1.0 / float(noise_multiplier))
     variant = "fedmem" if not broken else "broken: " + ", ".join(f"{k}={val}" for k, val in switches.items())
     details = {"clipping": clipping, "noise_multiplier": noise_multiplier, "num_sampled_clients": m, "dim": dim,
                "auc": _auc(np.asarray(scores[1], float), np.asarray(scores[0], float))}
