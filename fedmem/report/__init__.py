@@ -270,7 +270,9 @@ def headline_lines(metrics: dict, ledgers: list[dict], status: str = "complete")
     else:
         first = "**Verdict: none** (this experiment states no privacy verdict)"
     parts = []
-    for name, d in _leaks(metrics):
+    # rows shown for comparison only (dp.demo's other sampler) do not make a run whose verdict is not LEAK leak
+    overall_leaks = not isinstance(verdict, str) or verdict.startswith(("LEAK", "EXCEEDS"))
+    for name, d in (_leaks(metrics) if overall_leaks else []):
         text = d.get("verdict") if isinstance(d.get("verdict"), str) else _leak_label(d)
         head, _, reason = text.partition(" (")
         if "eps_lower" in d and "eps_booked" in d:
@@ -370,7 +372,7 @@ def write_run(scenario, ctx: RunContext, result: Result | None, wall_s: float, *
     for heading, body in result.sections:
         md += [f"## {heading}", "", body, ""]
     if ledgers:
-        md += ["## Privacy ledger: one total per top-level accountant, this run vs across resumes", "",
+        md += ["## Privacy ledger: this run vs ledger total across resumes", "",
                ledger_markdown(ledgers, ctx.resumed), ""]
     for p in ctx.figures:
         md += [f"![{p.stem}]({p.name})", ""]
