@@ -53,7 +53,9 @@ def _range_problems(c, selection: str, cap: int) -> list[tuple[str, str]]:
     if c.sampling == "secure":
         sens = 2.0 * c.clip * (1.0 if c.noise == "gaussian" else math.sqrt(c.value_dim))
         scale = c.sigma * sens / (c.n_bound if c.calibration == "global" else 1.0)
-        top = bound    # |S| and |S / D| (D >= 1) per coordinate
+        # realized: the sum S itself (|S| <= N C per coordinate); global: the mean S / D, at most C when D is
+        # the exact or the public count, up to N C with a noised count (D >= 1)
+        top = bound if (c.calibration == "realized" or c.receipts == "noised") else c.clip
         if not top < _grid_limit(scale):
             out.append(("sigma", f"the secure sampler releases |value| < {_grid_limit(scale):g} exactly at "
                                  f"noise scale {scale:g} (sigma={c.sigma!r}, clip={c.clip!r}"
