@@ -40,7 +40,7 @@ def main() -> None:
           f"threads {args.threads}, repeats {args.repeats}")
     ref = None
     outs = {}
-    for mode in ("float32", "bfloat16"):
+    for mode in ("float32", "bfloat16", "int8"):
         proj = CascadeProjector(table, threads=args.threads, matmul=mode)
         if ref is None:
             ref = proj.exhaustive(pts)
@@ -53,7 +53,7 @@ def main() -> None:
         print(f"{mode:9s} median {med:8.3f} s ({min(times):.3f}..{max(times):.3f})  {args.tokens / med:9.0f} tok/s  "
               f"re-ranked {proj.fallbacks // args.repeats}  equals float64 exhaustive: "
               f"{bool(np.array_equal(outs[mode], ref))}")
-    print(f"float32 and bfloat16 outputs identical: {bool(np.array_equal(outs['float32'], outs['bfloat16']))}")
+    print(f"float32, bfloat16 and int8 outputs identical: {bool(np.array_equal(outs['float32'], outs['bfloat16']) and np.array_equal(outs['float32'], outs['int8']))}")
 
 
 if __name__ == "__main__":
