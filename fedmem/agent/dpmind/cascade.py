@@ -82,7 +82,9 @@ class CascadeProjector:
             raise ValueError(f"matmul must be one of {list(MATMULS)}. Found {matmul!r}.")
         self.matmul = matmul
         if matmul == "auto":
-            self.matmul = "int8" if int8_available() else ("bfloat16" if native_bfloat16() else "float32")
+            # int8 is opt-in: measured slower than bfloat16 (bf16 time / int8 time 0.37, n=7) and than
+            # float32 under an AVX2-only restriction (0.76, n=7) on this machine (docs/dpmind.md).
+            self.matmul = "bfloat16" if native_bfloat16() else "float32"
         self.fallbacks = 0   # queries whose certificate failed and that were searched exhaustively
         self.projected = 0   # queries projected so far
         self.exact_ties = 0  # queries whose float64 scores could not separate the best two (exact arithmetic)
