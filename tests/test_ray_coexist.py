@@ -8,6 +8,7 @@ and stops only the processes it started, by PID (never `ray stop`).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def test_ensure_ray_attaches_to_ray_address_and_never_owns_it(monkeypatch):
     monkeypatch.setattr(R, "_ray", lambda: FakeRay)
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert R.ensure_ray(num_cpus=3) is False            # attached: the caller must not shut it down
-    assert calls[-1] == {"address": "10.0.0.1:6379", "log_to_driver": False}
+    assert calls[-1] == {"address": "10.0.0.1:6379", "log_to_driver": False, "logging_level": logging.WARNING}
     assert R.ensure_ray("local", num_cpus=3) is True     # private, owned
     assert calls[-1]["address"] == "local" and calls[-1]["num_cpus"] == 3
     assert calls[-1]["include_dashboard"] is False

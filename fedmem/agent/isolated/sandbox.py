@@ -284,7 +284,7 @@ def confine_child(req: dict, libc) -> dict:  # pragma: no cover - runs in the ag
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
         if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "mount --make-rprivate / failed")
-        keep = [os.path.realpath(p) for p in req.get("keep_dirs") or ()]
+        keep = sorted({os.path.realpath(p) for p in req.get("keep_dirs") or ()}, key=len)  # parents first
         held = {p: os.open(p, os.O_RDONLY | os.O_DIRECTORY) for p in keep}
         size = int(lim.get("tmp_mib", 64)) or 64
         for target in ("/tmp", "/dev/shm"):

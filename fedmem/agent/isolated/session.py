@@ -200,7 +200,7 @@ class IsolatedSession:
         cg = self.cgroups.get(user)
         req = {"secret": c.secret, "uid": uid, "gid": gid, "netns": self.enforced["network_namespace"],
                "cgroup_procs": cg.procs_files() if cg else [], "limits": vars(self.limits) if uid is not None else {},
-               "private_tmp": private_tmp and uid is not None, "keep_dirs": [str(self.out_dir.resolve())]}
+               "private_tmp": private_tmp and uid is not None, "keep_dirs": [str(self.out_dir.resolve()), *_code_dirs()]}
         try:
             socket.send_fds(self._ctl, [json.dumps(req).encode()], [theirs.fileno(), wfd])
         finally:
@@ -550,3 +550,21 @@ def pss_mib(pid: int) -> float:
     except OSError:
         return 0.0
     return 0.0
+
+
+def _code_dirs() -> list[str]:
+    """The folders the agent's code is imported from (``sys.path`` and the working directory)
+    that lie strictly below /tmp or /dev/shm: the private tmpfs mounted there would hide them
+    (a project checked out under /tmp, as a CI clone may be); they are bound back read as they
+    are. /tmp and /dev/shm themselves are never bound back (that would undo the private tmp)."""
+    out = []
+    for p in [os.getcwd(), *sys.path]:
+        try:
+            real = os.path.realpath(p or os.getcwd())
+        except OSError:
+            continue
+        if not os.path.isdir(real):
+            continue
+        if any(real.startswith(t + os.sep) for t in ("/tmp", "/dev/shm")) and real not in out:
+            out.append(real)
+    return sorted(out, key=len)
